@@ -1,0 +1,201 @@
+/*
+ * main.c — the `titan` executable: LuaJIT with the library on its path.
+ *
+ *   titan SCRIPT.lua [ARGS...]   run a script (arg[0] = script, arg[1..] = ARGS)
+ *   titan -e 'CODE'              run a chunk
+ *   titan repl                   interactive prompt with the library loaded
+ *   titan test [CTEST ARGS]      build, then run the whole suite through ctest
+ *   titan busted FILES...        run busted specs inside this interpreter
+ *   titan --version | --help
+ *
+ * The classic Lua C API is used only here, at start-up, to set paths and
+ * arguments; everything after that goes through the FFI.
+ */
+#include <lauxlib.h>
+#include <limits.h>
+#include <lua.h>
+#include <lualib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "titan.h"
+
+static const char *tt_usage =
+    "usage: titan SCRIPT.lua [ARGS...]   run a script with the library loaded\n"
+    "       titan -e 'CODE'              run a Lua chunk\n"
+    "       titan repl                   interactive prompt (require \"titan\" is preloaded as `titan`)\n"
+    "       titan test [CTEST ARGS...]   build and run the whole test suite (ctest)\n"
+    "       titan busted SPEC...         run busted specs inside titan\n"
+    "       titan --version | --help\n"
+    "environment: TITAN_HOME (source tree with lua/), OMP_NUM_THREADS, OPENBLAS_CORETYPE, TITAN_TRACEBACK=1\n";
+
+static char tt_root[PATH_MAX];
+
+/* The source tree: TITAN_HOME, else the parent of the build directory the
+ * executable sits in, else the tree it was configured from. */
+static void tt_find_root(void) {
+  const char *home = getenv("TITAN_HOME");
+  if (home && *home) {
+    snprintf(tt_root, sizeof tt_root, "%s", home);
+    return;
+  }
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    exe[n] = 0;
+    for (int up = 0; up < 2; up++) {
+      char *slash = strrchr(exe, '/');
+      if (!slash) break;
+      *slash = 0;
+      char probe[PATH_MAX + 32];
+      snprintf(probe, sizeof probe, "%s/lua/titan/init.lua", exe);
+      if (access(probe, R_OK) == 0) {
+        snprintf(tt_root, sizeof tt_root, "%s", exe);
+        return;
+      }
+    }
+  }
+  snprintf(tt_root, sizeof tt_root, "%s", TITAN_SOURCE_DIR);
+}
+
+static int tt_traceback(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (!msg) msg = "(error object is not a string)";
+  const char *tb = getenv("TITAN_TRACEBACK");
+  if (tb && *tb && strcmp(tb, "0") != 0) {
+    lua_getglobal(L, "debug");
+    lua_getfield(L, -1, "traceback");
+    lua_pushstring(L, msg);
+    lua_pushinteger(L, 2);
+    lua_call(L, 2, 1);
+  } else {
+    lua_pushstring(L, msg);
+  }
+  return 1;
+}
+
+static int tt_report(lua_State *L, int status) {
+  if (status != 0) {
+    const char *msg = lua_tostring(L, -1);
+    fprintf(stderr, "titan: %s\n", msg ? msg : "error");
+    lua_pop(L, 1);
+  }
+  return status;
+}
+
+static int tt_pcall(lua_State *L, int nargs) {
+  int base = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, tt_traceback);
+  lua_insert(L, base);
+  int st = lua_pcall(L, nargs, 0, base);
+  lua_remove(L, base);
+  return st;
+}
+
+static void tt_setup(lua_State *L, int argc, char **argv, int script_index) {
+  luaL_openlibs(L);
+  /* package.path: our lua/ first, then the system's (busted, penlight). */
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "path");
+  char path[PATH_MAX * 3];
+  snprintf(path, sizeof path, "%s/lua/?.lua;%s/lua/?/init.lua;%s", tt_root, tt_root, lua_tostring(L, -1));
+  lua_pop(L, 1);
+  lua_pushstring(L, path);
+  lua_setfield(L, -2, "path");
+  /* package.loaded["titan.env"]: where things are, for the Lua side. */
+  lua_getfield(L, -1, "loaded");
+  lua_newtable(L);
+  lua_pushstring(L, tt_root);
+  lua_setfield(L, -2, "root");
+  lua_pushstring(L, TITAN_BUILD_DIR);
+  lua_setfield(L, -2, "build_dir");
+  lua_pushstring(L, argv[0]);
+  lua_setfield(L, -2, "exe");
+  lua_setfield(L, -2, "titan.env");
+  lua_pop(L, 2);
+  /* arg, as the standalone interpreter sets it. */
+  lua_newtable(L);
+  for (int i = 0; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i - script_index);
+  }
+  lua_setglobal(L, "arg");
+}
+
+static int tt_run_string(lua_State *L, const char *code, const char *name) {
+  int st = luaL_loadbuffer(L, code, strlen(code), name);
+  if (st == 0) st = tt_pcall(L, 0);
+  return tt_report(L, st);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+    fputs(tt_usage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 1 : 0;
+  }
+  if (!strcmp(argv[1], "--version")) {
+    printf("titan %s\n", tt_version());
+    printf("blas: %s\n", tt_blas_info());
+    printf("threads: %d\n", tt_num_threads());
+    printf("cuda: %s (%d device%s)\n",
+#ifdef TITAN_HAVE_CUDA
+           "built",
+#else
+           "not built",
+#endif
+           tt_cuda_device_count(), tt_cuda_device_count() == 1 ? "" : "s");
+    return 0;
+  }
+  tt_find_root();
+  if (!strcmp(argv[1], "test")) {
+    /* Build first (a no-op when nothing changed), then ctest. */
+    char cmd[PATH_MAX * 2 + 512];
+    int n = snprintf(cmd, sizeof cmd,
+                     "cmake --build '%s' --parallel >/dev/null && ctest --test-dir '%s' --output-on-failure",
+                     TITAN_BUILD_DIR, TITAN_BUILD_DIR);
+    for (int i = 2; i < argc && n < (int)sizeof cmd - 4; i++) n += snprintf(cmd + n, sizeof cmd - n, " '%s'", argv[i]);
+    int rc = system(cmd);
+    return rc == -1 ? 1 : (WIFEXITED(rc) ? WEXITSTATUS(rc) : 1);
+  }
+
+  lua_State *L = luaL_newstate();
+  if (!L) {
+    fprintf(stderr, "titan: cannot create the Lua state (out of memory)\n");
+    return 1;
+  }
+  int st;
+  if (!strcmp(argv[1], "-e")) {
+    if (argc < 3) {
+      fprintf(stderr, "titan: -e needs a chunk of Lua code\n");
+      return 1;
+    }
+    tt_setup(L, argc, argv, 2);
+    st = tt_run_string(L, argv[2], "=(command line)");
+  } else if (!strcmp(argv[1], "repl")) {
+    tt_setup(L, argc, argv, 1);
+    st = tt_run_string(L, "require('titan.repl').run()", "=repl");
+  } else if (!strcmp(argv[1], "busted")) {
+    tt_setup(L, argc, argv, 1);
+    st = tt_run_string(L, "require('busted.runner')({ standalone = false })", "=busted");
+  } else {
+    const char *script = argv[1];
+    if (access(script, R_OK) != 0) {
+      fprintf(stderr, "titan: cannot read script '%s' (expected a Lua file or a command; see titan --help)\n", script);
+      lua_close(L);
+      return 1;
+    }
+    tt_setup(L, argc, argv, 1);
+    st = luaL_loadfile(L, script);
+    if (st == 0) {
+      /* ... = the script's arguments, as in lua(1). */
+      for (int i = 2; i < argc; i++) lua_pushstring(L, argv[i]);
+      st = tt_pcall(L, argc - 2);
+    }
+    st = tt_report(L, st);
+  }
+  lua_close(L);
+  return st ? 1 : 0;
+}

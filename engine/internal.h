@@ -1,0 +1,39 @@
+/*
+ * internal.h — what the engine's files share and Lua never sees.
+ */
+#ifndef TT_ENGINE_INTERNAL_H
+#define TT_ENGINE_INTERNAL_H
+
+#include "titan.h"
+#include "kernels.h"
+
+/* Record the last error (thread-local) and return `status`, so call sites
+ * read `return tt_error_set(TT_ERR_SHAPE, "matmul: ...")`. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+tt_status tt_error_set(int status, const char *fmt, ...);
+
+/* The backend of a device, or NULL (meta, or cuda without a CUDA build). */
+const tt_kernels *tt_backend(tt_device dev);
+const char *tt_device_name(tt_device dev, char *buf, size_t len);
+
+/* Caching allocator (alloc.c): per device, size-bucketed free lists. */
+tt_status tt_alloc_raw(tt_device dev, size_t nbytes, void **out);
+void tt_free_raw(tt_device dev, void *ptr, size_t nbytes);
+
+/* Tensors (tensor.c). */
+tt_status tt_tensor_new_view(const tt_tensor *base, int ndim, const int64_t *shape, const int64_t *strides,
+                             int64_t offset, tt_tensor **out);
+int tt_same_device(tt_device a, tt_device b);
+
+#define TT_DIM_ALL (-100)
+#define TT_MAX_DIMS 8
+
+#define TT_TRY(expr)                 \
+  do {                               \
+    tt_status _st = (expr);          \
+    if (_st != TT_OK) return _st;    \
+  } while (0)
+
+#endif

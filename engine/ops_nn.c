@@ -1,0 +1,484 @@
+/*
+ * ops_nn.c — entry points of the fused neural-network primitives and the
+ * optimizer: embedding, RMSNorm, RoPE, attention, SwiGLU, cross-entropy,
+ * AdamW, global norm. Fused kernels read raw rows, so their inputs must be
+ * contiguous: a strided input is an error that says so (never a silent copy
+ * on a hot path).
+ */
+#include <math.h>
+
+#include "ops_common.h"
+
+/* ---- embedding ------------------------------------------------------- */
+
+tt_status tt_op_embedding(const tt_tensor *weight, const tt_tensor *ids, tt_tensor **out) {
+  char s1[96], s2[96];
+  TT_TRY(tt_chk_ndim("embedding", "weight", weight, 2, "[vocab, dim]"));
+  TT_TRY(tt_chk_float("embedding", "weight", weight));
+  TT_TRY(tt_chk_index("embedding", "ids", ids));
+  TT_TRY(tt_chk_same_device("embedding", "weight", weight, "ids", ids));
+  TT_TRY(tt_chk_contig("embedding", "weight", weight));
+  if (ids->ndim >= TT_MAX_DIMS)
+    return tt_error_set(TT_ERR_SHAPE, "embedding: ids %s has too many dims (weight %s)", SHP(ids, s1), SHP(weight, s2));
+  int64_t shape[TT_MAX_DIMS];
+  for (int i = 0; i < ids->ndim; i++) shape[i] = ids->shape[i];
+  shape[ids->ndim] = weight->shape[1];
+  int fresh = 0;
+  TT_TRY(tt_out_prepare("embedding", "out", out, ids->ndim + 1, shape, weight->dtype, weight->device, &fresh));
+  if (weight->device.type == TT_META) return TT_OK;
+  tt_tensor *idx = NULL;
+  tt_status st = tt_index_i64(ids, &idx);
+  if (st == TT_OK) st = tt_chk_index_range("embedding", idx, weight->shape[0], 0, 0);
+  if (st == TT_OK) {
+    const tt_kernels *be = tt_backend(weight->device);
+    if (!be || !be->embedding) st = tt_error_set(TT_ERR_UNSUPPORTED, "embedding: not implemented on this device");
+    else
+      st = be->embedding(weight->dtype, tt_tensor_numel(ids), weight->shape[1], tt_tensor_data(weight),
+                         tt_tensor_data(idx), tt_tensor_data(*out));
+  }
+  tt_tensor_release(idx);
+  if (st != TT_OK) tt_out_discard(out, fresh);
+  return st;
+}
+
+tt_status tt_op_embedding_backward(const tt_tensor *dy, const tt_tensor *ids, tt_tensor *dweight) {
+  char s1[96], s2[96], s3[96];
+  TT_TRY(tt_chk_ndim("embedding_backward", "dweight", dweight, 2, "[vocab, dim]"));
+  TT_TRY(tt_chk_float("embedding_backward", "dweight", dweight));
+  TT_TRY(tt_chk_same_dtype("embedding_backward", "dweight", dweight, "dy", dy));
+  TT_TRY(tt_chk_index("embedding_backward", "ids", ids));
+  TT_TRY(tt_chk_contig("embedding_backward", "dy", dy));
+  TT_TRY(tt_chk_contig("embedding_backward", "dweight", dweight));
+  int ok = dy->ndim == ids->ndim + 1 && dy->shape[dy->ndim - 1] == dweight->shape[1];
+  for (int i = 0; ok && i < ids->ndim; i++)
+    if (dy->shape[i] != ids->shape[i]) ok = 0;
+  if (!ok)
+    return tt_error_set(TT_ERR_SHAPE, "embedding_backward: dy %s does not match ids %s and dweight %s", SHP(dy, s1),
+                        SHP(ids, s2), SHP(dweight, s3));
+  if (dweight->device.type == TT_META) return TT_OK;
+  tt_tensor *idx = NULL;
+  tt_status st = tt_index_i64(ids, &idx);
+  if (st == TT_OK) st = tt_chk_index_range("embedding_backward", idx, dweight->shape[0], 0, 0);
+  if (st == TT_OK) {
+    const tt_kernels *be = tt_backend(dweight->device);
+    if (!be || !be->embedding_backward)
+      st = tt_error_set(TT_ERR_UNSUPPORTED, "embedding_backward: not implemented on this device");
+    else
+      st = be->embedding_backward(dweight->dtype, tt_tensor_numel(ids), dweight->shape[1], dweight->shape[0],
+                                  tt_tensor_data(dy), tt_tensor_data(idx), tt_tensor_data(dweight));
+  }
+  tt_tensor_release(idx);
+  return st;
+}
+
+/* ---- RMSNorm ----------------------------------------------------------- */
+
+static tt_status tt_chk_norm(const char *op, const tt_tensor *x, const tt_tensor *w) {
+  char s1[96], s2[96];
+  TT_TRY(tt_chk_float(op, "x", x));
+  TT_TRY(tt_chk_same_dtype(op, "x", x, "weight", w));
+  TT_TRY(tt_chk_same_device(op, "x", x, "weight", w));
+  TT_TRY(tt_chk_contig(op, "x", x));
+  TT_TRY(tt_chk_contig(op, "weight", w));
+  if (x->ndim < 1 || w->ndim != 1 || w->shape[0] != x->shape[x->ndim - 1])
+    return tt_error_set(TT_ERR_SHAPE, "%s: x %s and weight %s; expected weight [%lld] matching x's last dim", op,
+                        SHP(x, s1), SHP(w, s2), (long long)(x->ndim ? x->shape[x->ndim - 1] : 0));
+  return TT_OK;
+}
+
+tt_status tt_op_rmsnorm(const tt_tensor *x, const tt_tensor *weight, double eps, tt_tensor **y, tt_tensor **rstd) {
+  TT_TRY(tt_chk_norm("rmsnorm", x, weight));
+  if (!(eps >= 0)) return tt_error_set(TT_ERR_INVALID, "rmsnorm: eps must be >= 0, got %g", eps);
+  int64_t dim = x->shape[x->ndim - 1], rows = dim ? tt_tensor_numel(x) / dim : 0;
+  int f1 = 0, f2 = 0;
+  TT_TRY(tt_out_prepare("rmsnorm", "y", y, x->ndim, x->shape, x->dtype, x->device, &f1));
+  tt_status st = tt_out_prepare("rmsnorm", "rstd", rstd, x->ndim - 1, x->shape, tt_stat_dtype(x->dtype), x->device, &f2);
+  if (st == TT_OK && x->device.type != TT_META) {
+    const tt_kernels *be = tt_backend(x->device);
+    if (!be || !be->rmsnorm) st = tt_error_set(TT_ERR_UNSUPPORTED, "rmsnorm: not implemented on this device");
+    else
+      st = be->rmsnorm(x->dtype, rows, dim, eps, tt_tensor_data(x), tt_tensor_data(weight), tt_tensor_data(*y),
+                       tt_tensor_data(*rstd));
+  }
+  if (st != TT_OK) {
+    tt_out_discard(y, f1);
+    tt_out_discard(rstd, f2);
+  }
+  return st;
+}
+
+tt_status tt_op_rmsnorm_backward(const tt_tensor *x, const tt_tensor *weight, const tt_tensor *rstd,
+                                 const tt_tensor *dy, tt_tensor **dx, tt_tensor *dweight) {
+  char s1[96], s2[96];
+  TT_TRY(tt_chk_norm("rmsnorm_backward", x, weight));
+  TT_TRY(tt_chk_same_shape("rmsnorm_backward", "x", x, "dy", dy));
+  TT_TRY(tt_chk_same_dtype("rmsnorm_backward", "x", x, "dy", dy));
+  TT_TRY(tt_chk_contig("rmsnorm_backward", "dy", dy));
+  int64_t dim = x->shape[x->ndim - 1], rows = dim ? tt_tensor_numel(x) / dim : 0;
+  if (rstd->dtype != tt_stat_dtype(x->dtype) || tt_tensor_numel(rstd) != rows)
+    return tt_error_set(TT_ERR_SHAPE, "rmsnorm_backward: rstd %s does not hold one statistic per row of x %s",
+                        SHP(rstd, s1), SHP(x, s2));
+  if (dweight) {
+    TT_TRY(tt_chk_same_shape("rmsnorm_backward", "weight", weight, "dweight", dweight));
+    TT_TRY(tt_chk_same_dtype("rmsnorm_backward", "weight", weight, "dweight", dweight));
+    TT_TRY(tt_chk_contig("rmsnorm_backward", "dweight", dweight));
+  }
+  int fresh = 0;
+  TT_TRY(tt_out_prepare("rmsnorm_backward", "dx", dx, x->ndim, x->shape, x->dtype, x->device, &fresh));
+  if (x->device.type == TT_META) return TT_OK;
+  const tt_kernels *be = tt_backend(x->device);
+  tt_status st;
+  if (!be || !be->rmsnorm_backward)
+    st = tt_error_set(TT_ERR_UNSUPPORTED, "rmsnorm_backward: not implemented on this device");
+  else
+    st = be->rmsnorm_backward(x->dtype, rows, dim, tt_tensor_data(x), tt_tensor_data(weight), tt_tensor_data(rstd),
+                              tt_tensor_data(dy), tt_tensor_data(*dx), dweight ? tt_tensor_data(dweight) : NULL);
+  if (st != TT_OK) tt_out_discard(dx, fresh);
+  return st;
+}
+
+/* ---- RoPE ------------------------------------------------------------- */
+
+tt_status tt_op_rope_table(int64_t head_dim, int64_t max_seq, double theta, double scale_factor,
+                           double low_freq_factor, double high_freq_factor, int64_t original_max_seq, int dtype,
+                           tt_tensor **cos, tt_tensor **sin) {
+  if (head_dim <= 0 || head_dim % 2)
+    return tt_error_set(TT_ERR_INVALID, "rope_table: head_dim must be positive and even, got %lld", (long long)head_dim);
+  if (max_seq <= 0) return tt_error_set(TT_ERR_INVALID, "rope_table: max_seq must be positive, got %lld", (long long)max_seq);
+  if (!(theta > 0)) return tt_error_set(TT_ERR_INVALID, "rope_table: theta must be positive, got %g", theta);
+  if (scale_factor > 1 && (!(high_freq_factor > low_freq_factor) || low_freq_factor <= 0 || original_max_seq <= 0))
+    return tt_error_set(TT_ERR_INVALID,
+                        "rope_table: Llama 3.1 scaling needs 0 < low_freq_factor < high_freq_factor and "
+                        "original_max_seq > 0 (got %g, %g, %lld)",
+                        low_freq_factor, high_freq_factor, (long long)original_max_seq);
+  if (dtype != TT_F32 && dtype != TT_F64)
+    return tt_error_set(TT_ERR_DTYPE, "rope_table: dtype %s; expected float32 or float64", tt_dtype_name(dtype));
+  int64_t shape[2] = {max_seq, head_dim / 2};
+  tt_device cpu = {TT_CPU, 0};
+  TT_TRY(tt_tensor_empty(2, shape, dtype, cpu, cos));
+  tt_status st = tt_tensor_empty(2, shape, dtype, cpu, sin);
+  if (st == TT_OK)
+    st = tt_kernels_cpu()->rope_table(dtype, head_dim, max_seq, theta, scale_factor, low_freq_factor, high_freq_factor,
+                                      original_max_seq, tt_tensor_data(*cos), tt_tensor_data(*sin));
+  if (st != TT_OK) {
+    tt_out_discard(cos, 1);
+    tt_out_discard(sin, 1);
+  }
+  return st;
+}
+
+tt_status tt_op_rope(const tt_tensor *x, const tt_tensor *cos, const tt_tensor *sin, int64_t pos_offset, int inverse,
+                     tt_tensor **out) {
+  char s1[96], s2[96];
+  TT_TRY(tt_chk_ndim("rope", "x", x, 4, "[batch, seq, heads, head_dim]"));
+  TT_TRY(tt_chk_float("rope", "x", x));
+  TT_TRY(tt_chk_same_dtype("rope", "x", x, "cos", cos));
+  TT_TRY(tt_chk_same_dtype("rope", "x", x, "sin", sin));
+  TT_TRY(tt_chk_same_device("rope", "x", x, "cos", cos));
+  TT_TRY(tt_chk_contig("rope", "x", x));
+  TT_TRY(tt_chk_contig("rope", "cos", cos));
+  TT_TRY(tt_chk_contig("rope", "sin", sin));
+  TT_TRY(tt_chk_same_shape("rope", "cos", cos, "sin", sin));
+  int64_t T = x->shape[1], D = x->shape[3];
+  if (D % 2 || cos->ndim != 2 || cos->shape[1] != D / 2)
+    return tt_error_set(TT_ERR_SHAPE, "rope: x %s and table %s; expected an even head_dim and a table [seq, %lld]",
+                        SHP(x, s1), SHP(cos, s2), (long long)(D / 2));
+  if (pos_offset < 0 || pos_offset + T > cos->shape[0])
+    return tt_error_set(TT_ERR_SHAPE, "rope: positions [%lld, %lld) of x %s exceed the table's %lld positions",
+                        (long long)pos_offset, (long long)(pos_offset + T), SHP(x, s1), (long long)cos->shape[0]);
+  int fresh = 0;
+  if (*out != x) TT_TRY(tt_out_prepare("rope", "out", out, 4, x->shape, x->dtype, x->device, &fresh));
+  if (x->device.type == TT_META) return TT_OK;
+  TT_KERNEL(be, x->device, rope, "rope");
+  tt_status st = be->rope(x->dtype, x->shape[0], T, x->shape[2], D, tt_tensor_data(x), tt_tensor_data(cos),
+                          tt_tensor_data(sin), pos_offset, inverse, tt_tensor_data(*out));
+  if (st != TT_OK) tt_out_discard(out, fresh);
+  return st;
+}
+
+/* ---- attention ----------------------------------------------------------- */
+
+static tt_status tt_chk_attention(const char *op, const tt_tensor *q, const tt_tensor *k, const tt_tensor *v) {
+  char s1[96], s2[96], s3[96];
+  TT_TRY(tt_chk_ndim(op, "q", q, 4, "[batch, seq, heads, head_dim]"));
+  TT_TRY(tt_chk_ndim(op, "k", k, 4, "[batch, seq, kv_heads, head_dim]"));
+  TT_TRY(tt_chk_ndim(op, "v", v, 4, "[batch, seq, kv_heads, head_dim]"));
+  TT_TRY(tt_chk_float(op, "q", q));
+  TT_TRY(tt_chk_same_dtype(op, "q", q, "k", k));
+  TT_TRY(tt_chk_same_dtype(op, "q", q, "v", v));
+  TT_TRY(tt_chk_same_device(op, "q", q, "k", k));
+  TT_TRY(tt_chk_same_device(op, "q", q, "v", v));
+  TT_TRY(tt_chk_contig(op, "q", q));
+  TT_TRY(tt_chk_contig(op, "k", k));
+  TT_TRY(tt_chk_contig(op, "v", v));
+  TT_TRY(tt_chk_same_shape(op, "k", k, "v", v));
+  if (q->shape[0] != k->shape[0] || q->shape[3] != k->shape[3] || k->shape[2] == 0 || q->shape[2] % k->shape[2])
+    return tt_error_set(TT_ERR_SHAPE,
+                        "%s: q %s, k %s, v %s; expected the same batch and head_dim, and query heads a multiple of "
+                        "kv heads",
+                        op, SHP(q, s1), SHP(k, s2), SHP(v, s3));
+  if (q->shape[3] > 256)
+    return tt_error_set(TT_ERR_SHAPE, "%s: head_dim %lld of q %s exceeds the supported 256", op,
+                        (long long)q->shape[3], SHP(q, s1));
+  return TT_OK;
+}
+
+tt_status tt_op_attention(const tt_tensor *q, const tt_tensor *k, const tt_tensor *v, int causal, double scale,
+                          tt_tensor **out, tt_tensor **lse) {
+  TT_TRY(tt_chk_attention("attention", q, k, v));
+  int64_t B = q->shape[0], T = q->shape[1], Hq = q->shape[2], D = q->shape[3], S = k->shape[1], Hkv = k->shape[2];
+  if (causal && S < T)
+    return tt_error_set(TT_ERR_SHAPE, "attention: causal attention needs at least as many keys (%lld) as queries (%lld)",
+                        (long long)S, (long long)T);
+  int64_t lshape[3] = {B, Hq, T};
+  int f1 = 0, f2 = 0;
+  TT_TRY(tt_out_prepare("attention", "out", out, 4, q->shape, q->dtype, q->device, &f1));
+  tt_status st = tt_out_prepare("attention", "lse", lse, 3, lshape, tt_stat_dtype(q->dtype), q->device, &f2);
+  if (st == TT_OK && q->device.type != TT_META) {
+    const tt_kernels *be = tt_backend(q->device);
+    if (!be || !be->attention) st = tt_error_set(TT_ERR_UNSUPPORTED, "attention: not implemented on this device");
+    else
+      st = be->attention(q->dtype, B, T, S, Hq, Hkv, D, causal, scale, tt_tensor_data(q), tt_tensor_data(k),
+                         tt_tensor_data(v), tt_tensor_data(*out), tt_tensor_data(*lse));
+  }
+  if (st != TT_OK) {
+    tt_out_discard(out, f1);
+    tt_out_discard(lse, f2);
+  }
+  return st;
+}
+
+tt_status tt_op_attention_backward(const tt_tensor *q, const tt_tensor *k, const tt_tensor *v, const tt_tensor *out,
+                                   const tt_tensor *lse, const tt_tensor *dout, int causal, double scale,
+                                   tt_tensor **dq, tt_tensor **dk, tt_tensor **dv) {
+  const char *op = "attention_backward";
+  char s1[96], s2[96];
+  TT_TRY(tt_chk_attention(op, q, k, v));
+  TT_TRY(tt_chk_same_shape(op, "q", q, "out", out));
+  TT_TRY(tt_chk_same_shape(op, "q", q, "dout", dout));
+  TT_TRY(tt_chk_same_dtype(op, "q", q, "dout", dout));
+  TT_TRY(tt_chk_contig(op, "out", out));
+  TT_TRY(tt_chk_contig(op, "dout", dout));
+  TT_TRY(tt_chk_contig(op, "lse", lse));
+  int64_t B = q->shape[0], T = q->shape[1], Hq = q->shape[2], D = q->shape[3], S = k->shape[1], Hkv = k->shape[2];
+  if (lse->ndim != 3 || lse->shape[0] != B || lse->shape[1] != Hq || lse->shape[2] != T ||
+      lse->dtype != tt_stat_dtype(q->dtype))
+    return tt_error_set(TT_ERR_SHAPE, "%s: lse %s does not match q %s (expected [B, Hq, T])", op, SHP(lse, s1),
+                        SHP(q, s2));
+  int f1 = 0, f2 = 0, f3 = 0;
+  tt_status st = tt_out_prepare(op, "dq", dq, 4, q->shape, q->dtype, q->device, &f1);
+  if (st == TT_OK) st = tt_out_prepare(op, "dk", dk, 4, k->shape, k->dtype, k->device, &f2);
+  if (st == TT_OK) st = tt_out_prepare(op, "dv", dv, 4, v->shape, v->dtype, v->device, &f3);
+  if (st == TT_OK && q->device.type != TT_META) {
+    const tt_kernels *be = tt_backend(q->device);
+    if (!be || !be->attention_backward)
+      st = tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented on this device", op);
+    else
+      st = be->attention_backward(q->dtype, B, T, S, Hq, Hkv, D, causal, scale, tt_tensor_data(q), tt_tensor_data(k),
+                                  tt_tensor_data(v), tt_tensor_data(out), tt_tensor_data(lse), tt_tensor_data(dout),
+                                  tt_tensor_data(*dq), tt_tensor_data(*dk), tt_tensor_data(*dv));
+  }
+  if (st != TT_OK) {
+    tt_out_discard(dq, f1);
+    tt_out_discard(dk, f2);
+    tt_out_discard(dv, f3);
+  }
+  return st;
+}
+
+/* ---- SwiGLU ------------------------------------------------------------ */
+
+tt_status tt_op_swiglu(const tt_tensor *a, const tt_tensor *b, tt_tensor **out) {
+  TT_TRY(tt_chk_float("swiglu", "a", a));
+  TT_TRY(tt_chk_same_dtype("swiglu", "a", a, "b", b));
+  TT_TRY(tt_chk_same_shape("swiglu", "a", a, "b", b));
+  TT_TRY(tt_chk_same_device("swiglu", "a", a, "b", b));
+  TT_TRY(tt_chk_contig("swiglu", "a", a));
+  TT_TRY(tt_chk_contig("swiglu", "b", b));
+  int fresh = 0;
+  TT_TRY(tt_out_prepare("swiglu", "out", out, a->ndim, a->shape, a->dtype, a->device, &fresh));
+  if (a->device.type == TT_META) return TT_OK;
+  TT_KERNEL(be, a->device, swiglu, "swiglu");
+  tt_status st = be->swiglu(a->dtype, tt_tensor_numel(a), tt_tensor_data(a), tt_tensor_data(b), tt_tensor_data(*out));
+  if (st != TT_OK) tt_out_discard(out, fresh);
+  return st;
+}
+
+tt_status tt_op_swiglu_backward(const tt_tensor *a, const tt_tensor *b, const tt_tensor *dy, tt_tensor **da,
+                                tt_tensor **db) {
+  const char *op = "swiglu_backward";
+  TT_TRY(tt_chk_float(op, "a", a));
+  TT_TRY(tt_chk_same_dtype(op, "a", a, "b", b));
+  TT_TRY(tt_chk_same_dtype(op, "a", a, "dy", dy));
+  TT_TRY(tt_chk_same_shape(op, "a", a, "b", b));
+  TT_TRY(tt_chk_same_shape(op, "a", a, "dy", dy));
+  TT_TRY(tt_chk_contig(op, "a", a));
+  TT_TRY(tt_chk_contig(op, "b", b));
+  TT_TRY(tt_chk_contig(op, "dy", dy));
+  int f1 = 0, f2 = 0;
+  TT_TRY(tt_out_prepare(op, "da", da, a->ndim, a->shape, a->dtype, a->device, &f1));
+  tt_status st = tt_out_prepare(op, "db", db, a->ndim, a->shape, a->dtype, a->device, &f2);
+  if (st == TT_OK && a->device.type != TT_META) {
+    const tt_kernels *be = tt_backend(a->device);
+    if (!be || !be->swiglu_backward) st = tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented on this device", op);
+    else
+      st = be->swiglu_backward(a->dtype, tt_tensor_numel(a), tt_tensor_data(a), tt_tensor_data(b), tt_tensor_data(dy),
+                               tt_tensor_data(*da), tt_tensor_data(*db));
+  }
+  if (st != TT_OK) {
+    tt_out_discard(da, f1);
+    tt_out_discard(db, f2);
+  }
+  return st;
+}
+
+/* ---- cross-entropy ------------------------------------------------------- */
+
+static tt_status tt_chk_ce(const char *op, const tt_tensor *logits, const tt_tensor *targets) {
+  char s1[96], s2[96];
+  TT_TRY(tt_chk_ndim(op, "logits", logits, 2, "[tokens, vocab]"));
+  TT_TRY(tt_chk_float(op, "logits", logits));
+  TT_TRY(tt_chk_index(op, "targets", targets));
+  TT_TRY(tt_chk_same_device(op, "logits", logits, "targets", targets));
+  TT_TRY(tt_chk_contig(op, "logits", logits));
+  if (targets->ndim != 1 || targets->shape[0] != logits->shape[0])
+    return tt_error_set(TT_ERR_SHAPE, "%s: logits %s and targets %s; expected targets [%lld]", op, SHP(logits, s1),
+                        SHP(targets, s2), (long long)logits->shape[0]);
+  return TT_OK;
+}
+
+/* Targets that count towards the loss (the mean's denominator). The
+ * validation pass reads every target on the host anyway. */
+static int64_t tt_count_valid(const tt_tensor *idx64, int64_t ignore_index) {
+  if (idx64->device.type != TT_CPU) return -1;
+  const int64_t *p = tt_tensor_data(idx64);
+  int64_t n = tt_tensor_numel(idx64), c = 0;
+  for (int64_t i = 0; i < n; i++) c += p[i] != ignore_index;
+  return c;
+}
+
+tt_status tt_op_cross_entropy(const tt_tensor *logits, const tt_tensor *targets, int64_t ignore_index,
+                              tt_tensor **losses, tt_tensor **lse, int64_t *num_valid) {
+  if (num_valid) *num_valid = 0;
+  TT_TRY(tt_chk_ce("cross_entropy", logits, targets));
+  int64_t N = logits->shape[0], V = logits->shape[1];
+  int f1 = 0, f2 = 0;
+  TT_TRY(tt_out_prepare("cross_entropy", "losses", losses, 1, &N, logits->dtype, logits->device, &f1));
+  tt_status st =
+      tt_out_prepare("cross_entropy", "lse", lse, 1, &N, tt_stat_dtype(logits->dtype), logits->device, &f2);
+  if (st == TT_OK && logits->device.type != TT_META) {
+    tt_tensor *idx = NULL;
+    st = tt_index_i64(targets, &idx);
+    if (st == TT_OK) st = tt_chk_index_range("cross_entropy", idx, V, 1, ignore_index);
+    if (st == TT_OK && num_valid) *num_valid = tt_count_valid(idx, ignore_index);
+    if (st == TT_OK) {
+      const tt_kernels *be = tt_backend(logits->device);
+      if (!be || !be->cross_entropy) st = tt_error_set(TT_ERR_UNSUPPORTED, "cross_entropy: not implemented here");
+      else
+        st = be->cross_entropy(logits->dtype, N, V, tt_tensor_data(logits), tt_tensor_data(idx), ignore_index,
+                               tt_tensor_data(*losses), tt_tensor_data(*lse));
+    }
+    tt_tensor_release(idx);
+  }
+  if (st != TT_OK) {
+    tt_out_discard(losses, f1);
+    tt_out_discard(lse, f2);
+  }
+  return st;
+}
+
+tt_status tt_op_cross_entropy_backward(const tt_tensor *logits, const tt_tensor *targets, const tt_tensor *lse,
+                                       const tt_tensor *dlosses, int64_t ignore_index, tt_tensor **dlogits) {
+  const char *op = "cross_entropy_backward";
+  char s1[96], s2[96];
+  TT_TRY(tt_chk_ce(op, logits, targets));
+  int64_t N = logits->shape[0], V = logits->shape[1];
+  if (tt_tensor_numel(lse) != N || lse->dtype != tt_stat_dtype(logits->dtype) || !tt_tensor_is_contiguous(lse))
+    return tt_error_set(TT_ERR_SHAPE, "%s: lse %s does not match logits %s", op, SHP(lse, s1), SHP(logits, s2));
+  if (tt_tensor_numel(dlosses) != N || dlosses->dtype != logits->dtype || !tt_tensor_is_contiguous(dlosses))
+    return tt_error_set(TT_ERR_SHAPE, "%s: dlosses %s (%s) does not match logits %s; expected [%lld] contiguous", op,
+                        SHP(dlosses, s1), tt_dtype_name(dlosses->dtype), SHP(logits, s2), (long long)N);
+  int fresh = 0;
+  TT_TRY(tt_out_prepare(op, "dlogits", dlogits, 2, logits->shape, logits->dtype, logits->device, &fresh));
+  if (logits->device.type == TT_META) return TT_OK;
+  tt_tensor *idx = NULL;
+  tt_status st = tt_index_i64(targets, &idx);
+  if (st == TT_OK) st = tt_chk_index_range(op, idx, V, 1, ignore_index);
+  if (st == TT_OK) {
+    const tt_kernels *be = tt_backend(logits->device);
+    if (!be || !be->cross_entropy_backward) st = tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented here", op);
+    else
+      st = be->cross_entropy_backward(logits->dtype, N, V, tt_tensor_data(logits), tt_tensor_data(idx),
+                                      tt_tensor_data(lse), tt_tensor_data(dlosses), ignore_index,
+                                      tt_tensor_data(*dlogits));
+  }
+  tt_tensor_release(idx);
+  if (st != TT_OK) tt_out_discard(dlogits, fresh);
+  return st;
+}
+
+/* ---- optimizer ------------------------------------------------------------ */
+
+tt_status tt_op_adamw(tt_tensor *param, const tt_tensor *grad, tt_tensor *m, tt_tensor *v, tt_tensor *master,
+                      double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+  const char *op = "adamw";
+  char s1[96];
+  if (param->dtype != TT_F32 && param->dtype != TT_F64 && param->dtype != TT_BF16)
+    return tt_error_set(TT_ERR_DTYPE, "adamw: param %s is %s; expected float32, float64 or bfloat16", SHP(param, s1),
+                        tt_dtype_name(param->dtype));
+  if (grad->dtype != TT_F32 && grad->dtype != TT_F64 && grad->dtype != TT_BF16)
+    return tt_error_set(TT_ERR_DTYPE, "adamw: grad %s is %s; expected float32, float64 or bfloat16", SHP(grad, s1),
+                        tt_dtype_name(grad->dtype));
+  TT_TRY(tt_chk_same_shape(op, "param", param, "grad", grad));
+  TT_TRY(tt_chk_same_shape(op, "param", param, "exp_avg", m));
+  TT_TRY(tt_chk_same_shape(op, "param", param, "exp_avg_sq", v));
+  TT_TRY(tt_chk_same_device(op, "param", param, "grad", grad));
+  TT_TRY(tt_chk_same_device(op, "param", param, "exp_avg", m));
+  TT_TRY(tt_chk_same_device(op, "param", param, "exp_avg_sq", v));
+  if (m->dtype != TT_F32 || v->dtype != TT_F32 || (master && master->dtype != TT_F32))
+    return tt_error_set(TT_ERR_DTYPE, "adamw: optimizer state for param %s must be float32", SHP(param, s1));
+  TT_TRY(tt_chk_contig(op, "param", param));
+  TT_TRY(tt_chk_contig(op, "grad", grad));
+  TT_TRY(tt_chk_contig(op, "exp_avg", m));
+  TT_TRY(tt_chk_contig(op, "exp_avg_sq", v));
+  if (master) {
+    TT_TRY(tt_chk_same_shape(op, "param", param, "master", master));
+    TT_TRY(tt_chk_contig(op, "master", master));
+  }
+  if (step < 1) return tt_error_set(TT_ERR_INVALID, "adamw: step counts from 1, got %lld", (long long)step);
+  if (!(lr >= 0) || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1) || !(eps >= 0) || !(weight_decay >= 0))
+    return tt_error_set(TT_ERR_INVALID,
+                        "adamw: invalid hyper-parameters lr=%g betas=(%g, %g) eps=%g weight_decay=%g; expected "
+                        "lr, eps, weight_decay >= 0 and betas in [0, 1)",
+                        lr, beta1, beta2, eps, weight_decay);
+  if (param->device.type == TT_META) return TT_OK;
+  TT_KERNEL(be, param->device, adamw, op);
+  double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
+  return be->adamw(param->dtype, grad->dtype, tt_tensor_numel(param), tt_tensor_data(param), tt_tensor_data(grad),
+                   tt_tensor_data(m), tt_tensor_data(v), master ? tt_tensor_data(master) : NULL, lr, beta1, beta2,
+                   eps, weight_decay, bc1, bc2);
+}
+
+tt_status tt_op_global_norm(int n, tt_tensor *const *ts, double *out) {
+  double total = 0;
+  *out = 0;
+  for (int i = 0; i < n; i++) { /* fixed order: the tensors' order */
+    const tt_tensor *t = ts[i];
+    if (!t) continue;
+    if (!tt_dtype_is_float(t->dtype))
+      return tt_error_set(TT_ERR_DTYPE, "global_norm: tensor %d has dtype %s; expected a float tensor", i,
+                          tt_dtype_name(t->dtype));
+    if (t->device.type == TT_META) continue;
+    const tt_kernels *be = tt_backend(t->device);
+    if (!be || !be->sumsq) return tt_error_set(TT_ERR_UNSUPPORTED, "global_norm: not implemented on this device");
+    tt_tensor *c = NULL;
+    TT_TRY(tt_tensor_contiguous(t, &c));
+    double s = 0;
+    tt_status st = be->sumsq(c->dtype, tt_tensor_numel(c), tt_tensor_data(c), &s);
+    tt_tensor_release(c);
+    if (st != TT_OK) return tt_error_set(st, "global_norm: sumsq failed for tensor %d (%s)", i, tt_dtype_name(t->dtype));
+    total += s;
+  }
+  *out = sqrt(total);
+  return TT_OK;
+}

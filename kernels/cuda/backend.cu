@@ -1,0 +1,172 @@
+/*
+ * backend.cu — the CUDA backend table, device memory and streams.
+ *
+ * Each device gets two non-blocking streams, created on first use: one for
+ * compute (every kernel, copy and GEMM of this backend) and one reserved for
+ * collectives, so NCCL can overlap compute once it is fenced by events.
+ */
+#include <atomic>
+#include <mutex>
+#include <stdio.h>
+#include <string.h>
+
+#include <cublasLt.h>
+#include <cudnn.h>
+#include <nccl.h>
+
+#include "cuda_common.h"
+
+/* ---- errors ------------------------------------------------------------ */
+
+const char *tt_cuda_short_file(const char *file) {
+  const char *p = strstr(file, "kernels/");
+  return p ? p : file;
+}
+
+tt_status tt_cuda_fail(cudaError_t err, const char *call, const char *file, int line) {
+  (void)cudaGetLastError(); /* a non-sticky error must not resurface at the next check */
+  tt_status st = TT_ERR_INTERNAL;
+  if (err == cudaErrorMemoryAllocation) st = TT_ERR_OOM;
+  else if (err == cudaErrorInvalidDevice || err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver)
+    st = TT_ERR_DEVICE;
+  return tt_error_set(st, "cuda: %s failed at %s:%d: %s: %s", call, tt_cuda_short_file(file), line,
+                      cudaGetErrorName(err), cudaGetErrorString(err));
+}
+
+/* ---- devices and streams ---------------------------------------------- */
+
+static struct {
+  std::atomic<int> ready;
+  cudaStream_t compute, comm;
+} tt_cuda_devs[TT_CUDA_MAX_DEVICES];
+static std::mutex tt_cuda_devs_lock;
+
+static tt_status tt_cuda_streams_init(int device) {
+  if (device < 0 || device >= TT_CUDA_MAX_DEVICES)
+    return tt_error_set(TT_ERR_DEVICE, "cuda: device %d out of range (this build handles %d devices)", device,
+                        TT_CUDA_MAX_DEVICES);
+  if (tt_cuda_devs[device].ready.load(std::memory_order_acquire)) return TT_OK;
+  std::lock_guard<std::mutex> guard(tt_cuda_devs_lock);
+  if (tt_cuda_devs[device].ready.load(std::memory_order_relaxed)) return TT_OK;
+  TT_CUDA_CHECK(cudaStreamCreateWithFlags(&tt_cuda_devs[device].compute, cudaStreamNonBlocking));
+  TT_CUDA_CHECK(cudaStreamCreateWithFlags(&tt_cuda_devs[device].comm, cudaStreamNonBlocking));
+  tt_cuda_devs[device].ready.store(1, std::memory_order_release);
+  return TT_OK;
+}
+
+tt_status tt_cuda_select(int device, cudaStream_t *stream) {
+  if (device < 0 || device >= TT_CUDA_MAX_DEVICES) return tt_cuda_streams_init(device);
+  TT_CUDA_CHECK(cudaSetDevice(device));
+  tt_status st = tt_cuda_streams_init(device);
+  if (st != TT_OK) return st;
+  *stream = tt_cuda_devs[device].compute;
+  return TT_OK;
+}
+
+tt_status tt_cuda_current(int *device, cudaStream_t *stream) {
+  TT_CUDA_CHECK(cudaGetDevice(device));
+  tt_status st = tt_cuda_streams_init(*device);
+  if (st != TT_OK) return st;
+  *stream = tt_cuda_devs[*device].compute;
+  return TT_OK;
+}
+
+extern "C" void *tt_cuda_stream(int device) {
+  cudaStream_t s;
+  return tt_cuda_select(device, &s) == TT_OK ? (void *)s : NULL;
+}
+
+extern "C" void *tt_cuda_comm_stream(int device) {
+  cudaStream_t s;
+  return tt_cuda_select(device, &s) == TT_OK ? (void *)tt_cuda_devs[device].comm : NULL;
+}
+
+extern "C" int tt_cuda_device_count_impl(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError(); /* no driver, a stub driver or no device: simply none */
+    return 0;
+  }
+  return n;
+}
+
+extern "C" const char *tt_cuda_info_impl(void) {
+  static thread_local char buf[160];
+  int rt = 0, drv = 0, nccl = 0;
+  if (cudaRuntimeGetVersion(&rt) != cudaSuccess) rt = 0;
+  if (cudaDriverGetVersion(&drv) != cudaSuccess) drv = 0;
+  (void)cudaGetLastError();
+  if (ncclGetVersion(&nccl) != ncclSuccess) nccl = 0;
+  snprintf(buf, sizeof buf, "CUDA runtime %d.%d, driver %d.%d, cuBLASLt %zu, cuDNN %zu, NCCL %d", rt / 1000,
+           rt % 1000 / 10, drv / 1000, drv % 1000 / 10, cublasLtGetVersion(), cudnnGetVersion(), nccl);
+  return buf;
+}
+
+/* ---- memory ------------------------------------------------------------ */
+
+static tt_status tt_cuda_mem_alloc(int device, size_t nbytes, void **out) {
+  cudaStream_t s;
+  tt_status st = tt_cuda_select(device, &s);
+  if (st != TT_OK) return st;
+  *out = NULL;
+  cudaError_t err = cudaMalloc(out, nbytes);
+  if (err != cudaSuccess) {
+    st = tt_cuda_fail(err, "cudaMalloc", __FILE__, __LINE__);
+    if (st == TT_ERR_OOM)
+      return tt_error_set(TT_ERR_OOM, "cuda: out of memory allocating %zu bytes on cuda:%d", nbytes, device);
+    return st;
+  }
+  return TT_OK;
+}
+
+/* cudaFree waits for the device, so no kernel still reads the block. */
+static void tt_cuda_mem_free(int device, void *ptr) {
+  if (!ptr) return;
+  cudaError_t err = cudaSetDevice(device);
+  if (err == cudaSuccess) err = cudaFree(ptr);
+  if (err != cudaSuccess) tt_cuda_fail(err, "cudaFree", __FILE__, __LINE__);
+}
+
+/* Host->device from pageable memory returns once the source is staged, so
+ * the caller may reuse it; device->host waits for the data. */
+static tt_status tt_cuda_mem_copy(int device, void *dst, const void *src, size_t nbytes, int kind) {
+  static const cudaMemcpyKind kinds[3] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice};
+  if (kind < 0 || kind > 2) return tt_error_set(TT_ERR_INVALID, "cuda: mem_copy kind %d (expected 0, 1 or 2)", kind);
+  if (nbytes == 0) return TT_OK;
+  cudaStream_t s;
+  tt_status st = tt_cuda_select(device, &s);
+  if (st != TT_OK) return st;
+  TT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, kinds[kind], s));
+  if (kind == 1) TT_CUDA_CHECK(cudaStreamSynchronize(s));
+  return TT_OK;
+}
+
+/* Waits for every stream of the device, the comm stream and the libraries' included. */
+static tt_status tt_cuda_synchronize(int device) {
+  cudaStream_t s;
+  tt_status st = tt_cuda_select(device, &s);
+  if (st != TT_OK) return st;
+  TT_CUDA_CHECK(cudaDeviceSynchronize());
+  return TT_OK;
+}
+
+/* ---- the table --------------------------------------------------------- */
+
+static tt_kernels tt_cuda_table_make(void) {
+  tt_kernels k;
+  memset(&k, 0, sizeof k); /* NULL: "not implemented on cuda" */
+  k.name = "cuda";
+  k.mem_alloc = tt_cuda_mem_alloc;
+  k.mem_free = tt_cuda_mem_free;
+  k.mem_copy = tt_cuda_mem_copy;
+  k.synchronize = tt_cuda_synchronize;
+  k.copy = tt_cuda_copy;
+  k.fill = tt_cuda_fill;
+  k.gemm = tt_cuda_gemm;
+  return k;
+}
+
+extern "C" const tt_kernels *tt_kernels_cuda(void) {
+  static const tt_kernels table = tt_cuda_table_make();
+  return &table;
+}

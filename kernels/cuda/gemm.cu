@@ -1,0 +1,236 @@
+/*
+ * gemm.cu — batched row-major GEMM through cuBLASLt.
+ *
+ * Row-major C = op(A) @ op(B) is, read as column-major, C^T = op(B)^T @ op(A)^T,
+ * and a row-major matrix read as column-major is its transpose: so we hand
+ * cuBLASLt B as its first operand and A as its second, with the callers'
+ * transposes and leading dimensions unchanged. f32 accumulates in plain f32
+ * (no TF32) so results stay comparable with the CPU reference; bf16 and f16
+ * accumulate in f32; f64 in f64.
+ *
+ * Per device: one cuBLASLt handle, one 32 MiB workspace (allocated once, on
+ * the first GEMM; every GEMM runs on the one compute stream, so sharing it
+ * is safe), and a small cache of descriptors + the heuristic's algorithm
+ * keyed by everything the choice depends on, pointer alignment included.
+ */
+#include <cublasLt.h>
+#include <mutex>
+#include <string.h>
+
+#include "cuda_common.h"
+#include "dtype.cuh"
+
+#define TT_GEMM_WORKSPACE (32u << 20)
+#define TT_GEMM_CACHE 64
+
+static tt_status tt_lt_fail(cublasStatus_t s, const char *call, const char *file, int line) {
+  return tt_error_set(TT_ERR_INTERNAL, "cublasLt: %s failed at %s:%d: %s", call, tt_cuda_short_file(file), line,
+                      cublasLtGetStatusString(s));
+}
+
+#define TT_LT_CHECK(call)                                                                     \
+  do {                                                                                        \
+    cublasStatus_t tt_lt_st_ = (call);                                                        \
+    if (tt_lt_st_ != CUBLAS_STATUS_SUCCESS) return tt_lt_fail(tt_lt_st_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+struct tt_gemm_key {
+  int32_t dtype, trans_a, trans_b, align_a, align_b, align_c;
+  int64_t batch, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c;
+};
+
+struct tt_gemm_plan {
+  int used;
+  tt_gemm_key key;
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t la, lb, lc; /* of cuBLASLt's A (our B), B (our A), C */
+  cublasLtMatmulAlgo_t algo;
+};
+
+static struct tt_gemm_dev {
+  std::mutex lock; /* held for a whole call: plans are reused, not copied */
+  int ready;
+  cublasLtHandle_t lt;
+  void *workspace;
+  tt_gemm_plan plans[TT_GEMM_CACHE];
+  int next; /* round-robin eviction */
+} tt_gemm_devs[TT_CUDA_MAX_DEVICES];
+
+static void tt_gemm_plan_release(tt_gemm_plan *p) {
+  if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+  if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+  if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+  if (p->op) cublasLtMatmulDescDestroy(p->op);
+  memset(p, 0, sizeof *p);
+}
+
+/* Largest power of two (up to 256) dividing the address of every batch's matrix. */
+static int32_t tt_gemm_align(const void *p, int64_t batch, int64_t stride, size_t es) {
+  uintptr_t a = (uintptr_t)p | 256u;
+  if (batch > 1) a |= (uintptr_t)(stride * (int64_t)es);
+  return (int32_t)(a & (~a + 1));
+}
+
+static tt_status tt_gemm_layout(cublasLtMatrixLayout_t *out, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
+                                int64_t batch, int64_t stride) {
+  TT_LT_CHECK(cublasLtMatrixLayoutCreate(out, t, (uint64_t)rows, (uint64_t)cols, ld));
+  if (batch > 1) {
+    int32_t count = (int32_t)batch;
+    TT_LT_CHECK(cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+    TT_LT_CHECK(
+        cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+  }
+  return TT_OK;
+}
+
+static tt_status tt_gemm_plan_build(tt_gemm_dev *g, tt_gemm_plan *p, const tt_gemm_key *key, cudaDataType_t t,
+                                    cublasComputeType_t ct, cudaDataType_t scale) {
+  memset(p, 0, sizeof *p);
+  const tt_gemm_key *q = key;
+  cublasOperation_t opa = q->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, opb = q->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  TT_LT_CHECK(cublasLtMatmulDescCreate(&p->op, ct, scale));
+  TT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+  TT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+  tt_status st;
+  if ((st = tt_gemm_layout(&p->la, t, q->trans_b ? q->k : q->n, q->trans_b ? q->n : q->k, q->ldb, q->batch,
+                           q->stride_b)) != TT_OK)
+    return st;
+  if ((st = tt_gemm_layout(&p->lb, t, q->trans_a ? q->m : q->k, q->trans_a ? q->k : q->m, q->lda, q->batch,
+                           q->stride_a)) != TT_OK)
+    return st;
+  if ((st = tt_gemm_layout(&p->lc, t, q->n, q->m, q->ldc, q->batch, q->stride_c)) != TT_OK) return st;
+
+  cublasLtMatmulPreference_t pref;
+  TT_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  uint64_t ws = TT_GEMM_WORKSPACE;
+  uint32_t al[4] = {(uint32_t)q->align_b, (uint32_t)q->align_a, (uint32_t)q->align_c, (uint32_t)q->align_c};
+  cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], 4);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], 4);
+  cublasLtMatmulHeuristicResult_t h;
+  int found = 0;
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &h, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED)
+    return tt_lt_fail(s, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED || found == 0)
+    return tt_error_set(q->dtype == TT_F64 ? TT_ERR_DTYPE : TT_ERR_INTERNAL,
+                        "cuda gemm: cuBLASLt has no algorithm for dtype %d, batch %lld, m %lld, n %lld, k %lld, "
+                        "trans_a %d, trans_b %d, ld %lld/%lld/%lld, alignment %d/%d/%d",
+                        q->dtype, (long long)q->batch, (long long)q->m, (long long)q->n, (long long)q->k, q->trans_a,
+                        q->trans_b, (long long)q->lda, (long long)q->ldb, (long long)q->ldc, q->align_a, q->align_b,
+                        q->align_c);
+  p->algo = h.algo;
+  p->key = *key;
+  p->used = 1;
+  return TT_OK;
+}
+
+/* C[b, i, j] *= beta, or = 0 when beta is 0 (BLAS: C is then not read): what
+ * a GEMM with k = 0 leaves. */
+__global__ void tt_gemm_scale_c(int dtype, int64_t batch, int64_t m, int64_t n, int64_t ldc, int64_t stride_c,
+                                double beta, void *c) {
+  int64_t total = batch * m * n;
+  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (int64_t)gridDim.x * blockDim.x) {
+    int64_t j = t % n, i = t / n % m, b = t / n / m;
+    int64_t off = b * stride_c + i * ldc + j;
+    double v = beta == 0.0 ? 0.0 : beta * tt_d_load_float<double>(dtype, c, off);
+    if (dtype == TT_F64) tt_d_store_float<double>(dtype, c, off, v);
+    else tt_d_store_float<float>(dtype, c, off, (float)v);
+  }
+}
+
+extern "C" tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t batch, int64_t m, int64_t n, int64_t k,
+                                  double alpha, const void *a, int64_t lda, int64_t stride_a, const void *b,
+                                  int64_t ldb, int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c) {
+  cudaDataType_t t, scale = CUDA_R_32F;
+  cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
+  size_t es;
+  switch (dtype) {
+    case TT_F32: t = CUDA_R_32F; es = 4; break;
+    case TT_BF16: t = CUDA_R_16BF; es = 2; break;
+    case TT_F16: t = CUDA_R_16F; es = 2; break;
+    case TT_F64: t = CUDA_R_64F; es = 8; scale = CUDA_R_64F; ct = CUBLAS_COMPUTE_64F; break;
+    default: return tt_error_set(TT_ERR_DTYPE, "cuda gemm: dtype %d not supported (f32, f64, bf16, f16)", dtype);
+  }
+  if (batch <= 0 || m <= 0 || n <= 0) return TT_OK;
+  if (batch > 1 && stride_c == 0)
+    return tt_error_set(TT_ERR_INVALID, "cuda gemm: batch %lld with stride_c 0 (C cannot be broadcast)",
+                        (long long)batch);
+  if (batch > INT32_MAX) return tt_error_set(TT_ERR_INVALID, "cuda gemm: batch %lld too large", (long long)batch);
+
+  int device;
+  cudaStream_t s;
+  tt_status st = tt_cuda_current(&device, &s);
+  if (st != TT_OK) return st;
+
+  if (k <= 0) {
+    if (beta == 1.0) return TT_OK;
+    tt_gemm_scale_c<<<tt_cuda_blocks(batch * m * n), TT_CUDA_THREADS, 0, s>>>(dtype, batch, m, n, ldc, stride_c, beta,
+                                                                              c);
+    TT_CUDA_CHECK_LAUNCH("tt_gemm_scale_c");
+    return TT_OK;
+  }
+
+  tt_gemm_dev *g = &tt_gemm_devs[device];
+  std::lock_guard<std::mutex> guard(g->lock);
+  if (!g->ready) {
+    TT_LT_CHECK(cublasLtCreate(&g->lt));
+    cudaError_t err = cudaMalloc(&g->workspace, TT_GEMM_WORKSPACE);
+    if (err != cudaSuccess) {
+      cublasLtDestroy(g->lt);
+      g->workspace = NULL;
+      return tt_cuda_fail(err, "cudaMalloc(gemm workspace)", __FILE__, __LINE__);
+    }
+    g->ready = 1;
+  }
+
+  tt_gemm_key key;
+  memset(&key, 0, sizeof key); /* keys compare with memcmp */
+  key.dtype = dtype;
+  key.trans_a = trans_a != 0;
+  key.trans_b = trans_b != 0;
+  key.align_a = tt_gemm_align(a, batch, stride_a, es);
+  key.align_b = tt_gemm_align(b, batch, stride_b, es);
+  key.align_c = tt_gemm_align(c, batch, stride_c, es);
+  key.batch = batch;
+  key.m = m;
+  key.n = n;
+  key.k = k;
+  key.lda = lda;
+  key.ldb = ldb;
+  key.ldc = ldc;
+  if (batch > 1) {
+    key.stride_a = stride_a;
+    key.stride_b = stride_b;
+    key.stride_c = stride_c;
+  }
+
+  tt_gemm_plan *p = NULL;
+  for (int i = 0; i < TT_GEMM_CACHE && !p; i++)
+    if (g->plans[i].used && memcmp(&g->plans[i].key, &key, sizeof key) == 0) p = &g->plans[i];
+  if (!p) {
+    p = &g->plans[g->next];
+    g->next = (g->next + 1) % TT_GEMM_CACHE;
+    tt_gemm_plan_release(p);
+    st = tt_gemm_plan_build(g, p, &key, t, ct, scale);
+    if (st != TT_OK) {
+      tt_gemm_plan_release(p);
+      return st;
+    }
+  }
+
+  float alpha_f = (float)alpha, beta_f = (float)beta;
+  const void *pa = dtype == TT_F64 ? (const void *)&alpha : (const void *)&alpha_f;
+  const void *pb = dtype == TT_F64 ? (const void *)&beta : (const void *)&beta_f;
+  TT_LT_CHECK(cublasLtMatmul(g->lt, p->op, pa, b, p->la, a, p->lb, pb, c, p->lc, c, p->lc, &p->algo, g->workspace,
+                             TT_GEMM_WORKSPACE, s));
+  return TT_OK;
+}

@@ -1,0 +1,131 @@
+/*
+ * kernels.h — the backend table every compute backend implements.
+ *
+ * A backend is a table of function pointers (as in ggml): engine/ops.c
+ * validates shapes, dtypes, devices and layout, then calls the table of the
+ * tensors' device. Kernels take raw pointers, sizes and strides; they never
+ * allocate and they assume valid input. They return TT_OK, or a status for
+ * failures only the backend can see (a CUDA launch error, a dtype the
+ * backend does not implement). Strides and sizes are in elements.
+ *
+ * Float kernels handle at least TT_F32 and TT_F64 (f64 exists for gradient
+ * checks); the matmul, copy and optimizer entries also take bf16/f16.
+ * Statistics (rstd, lse) are f64 for f64 input and f32 otherwise.
+ * A NULL entry means "not implemented on this backend" (ops.c reports it).
+ */
+#ifndef TT_KERNELS_H
+#define TT_KERNELS_H
+
+#include "titan.h"
+
+typedef struct tt_kernels {
+  const char *name;
+
+  /* -- device memory (the engine's caching allocator sits above these) -- */
+  tt_status (*mem_alloc)(int device, size_t nbytes, void **out);
+  void (*mem_free)(int device, void *ptr);
+  /* kind: 0 host->device, 1 device->host, 2 device->device */
+  tt_status (*mem_copy)(int device, void *dst, const void *src, size_t nbytes, int kind);
+  tt_status (*synchronize)(int device);
+
+  /* -- data movement -- */
+  /* dst[idx] = (dst_dtype) src[idx] over an ndim index space. */
+  tt_status (*copy)(int ndim, const int64_t *shape, int src_dtype, const void *src, const int64_t *src_strides,
+                    int dst_dtype, void *dst, const int64_t *dst_strides);
+  tt_status (*fill)(int dtype, int64_t n, double value, void *dst);
+  tt_status (*arange)(int dtype, int64_t n, double start, double step, void *dst);
+  /* kind 0 uniform(p0, p1), 1 normal(p0, p1), 2 trunc-normal(mean p0, std p1, a p2, b p3). */
+  tt_status (*rng)(int kind, int dtype, int64_t n, uint64_t seed, uint64_t offset, double p0, double p1,
+                   double p2, double p3, void *dst);
+
+  /* -- elementwise -- */
+  /* out = a op b; strides 0 on broadcast dims. */
+  tt_status (*binary)(int op, int dtype, int ndim, const int64_t *shape, const void *a, const int64_t *a_strides,
+                      const void *b, const int64_t *b_strides, void *out, const int64_t *out_strides);
+  /* contiguous; x == y allowed (in place). */
+  tt_status (*unary)(int op, int dtype, int64_t n, double alpha, const void *x, void *y);
+  /* dx = dy * f'(x); y = f(x) may be NULL. contiguous. */
+  tt_status (*unary_backward)(int op, int dtype, int64_t n, double alpha, const void *x, const void *y,
+                              const void *dy, void *dx);
+  /* y += alpha * x, contiguous. */
+  tt_status (*axpy)(int dtype, int64_t n, double alpha, const void *x, void *y);
+
+  /* -- reductions over the middle dim of a contiguous [outer, n, inner] -- */
+  /* y: [outer, inner]; idx (i64, TT_RMAX only) may be NULL. */
+  tt_status (*reduce)(int op, int dtype, int64_t outer, int64_t n, int64_t inner, const void *x, void *y,
+                      int64_t *idx);
+  /* out (contiguous, out_ndim == ndim, size 1 on reduced dims) = sum of x
+   * (contiguous, `shape`) over the dims where out_shape is 1 and shape is not. */
+  tt_status (*sum_to)(int dtype, int ndim, const int64_t *shape, const void *x, const int64_t *out_shape, void *out);
+  /* rows of length n, contiguous. */
+  tt_status (*softmax)(int dtype, int64_t rows, int64_t n, int log, const void *x, void *y);
+  tt_status (*softmax_backward)(int dtype, int64_t rows, int64_t n, int log, const void *y, const void *dy,
+                                void *dx);
+  /* sum of squares of n elements accumulated in f64, fixed order. */
+  tt_status (*sumsq)(int dtype, int64_t n, const void *x, double *out);
+
+  /* -- matmul: C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i], row-major,
+   *    i < batch, stride_* = 0 broadcasts an operand. dtype f32/f64 on the
+   *    CPU (ops.c converts bf16/f16), plus bf16/f16 on CUDA. -- */
+  tt_status (*gemm)(int dtype, int trans_a, int trans_b, int64_t batch, int64_t m, int64_t n, int64_t k,
+                    double alpha, const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb,
+                    int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c);
+
+  /* -- indexing; src/dst viewed as contiguous [outer, n, inner], idx i64 -- */
+  tt_status (*index_select)(int dtype, int64_t outer, int64_t n_src, int64_t inner, const void *src, int64_t n_idx,
+                            const int64_t *idx, void *out);
+  /* dst[:, idx[j], :] += src[:, j, :], deterministic. */
+  tt_status (*index_add)(int dtype, int64_t outer, int64_t n_dst, int64_t inner, void *dst, int64_t n_idx,
+                         const int64_t *idx, const void *src);
+  /* out[o, j, i] = src[o, idx[o, j, i], i]; idx and out are [outer, n_idx, inner]. */
+  tt_status (*gather)(int dtype, int64_t outer, int64_t n_src, int64_t inner, const void *src, int64_t n_idx,
+                      const int64_t *idx, void *out);
+  /* dst[o, idx[o, j, i], i] += src[o, j, i], deterministic. */
+  tt_status (*scatter_add)(int dtype, int64_t outer, int64_t n_dst, int64_t inner, void *dst, int64_t n_idx,
+                           const int64_t *idx, const void *src);
+
+  /* -- nn primitives, all contiguous -- */
+  tt_status (*embedding)(int dtype, int64_t n_ids, int64_t dim, const void *weight, const int64_t *ids, void *out);
+  /* dweight[ids[i], :] += dy[i, :], deterministic (no float atomics). */
+  tt_status (*embedding_backward)(int dtype, int64_t n_ids, int64_t dim, int64_t vocab, const void *dy,
+                                  const int64_t *ids, void *dweight);
+  tt_status (*rmsnorm)(int dtype, int64_t rows, int64_t dim, double eps, const void *x, const void *w, void *y,
+                       void *rstd);
+  /* dw (may be NULL) accumulates. */
+  tt_status (*rmsnorm_backward)(int dtype, int64_t rows, int64_t dim, const void *x, const void *w,
+                                const void *rstd, const void *dy, void *dx, void *dw);
+  /* cos/sin: [max_seq, head_dim/2] of `dtype` (f32 or f64). */
+  tt_status (*rope_table)(int dtype, int64_t head_dim, int64_t max_seq, double theta, double scale_factor,
+                          double low_freq_factor, double high_freq_factor, int64_t original_max_seq, void *cos,
+                          void *sin);
+  /* x, y: [B, T, H, D]; y == x allowed. position of row t is pos_offset + t. */
+  tt_status (*rope)(int dtype, int64_t B, int64_t T, int64_t H, int64_t D, const void *x, const void *cos,
+                    const void *sin, int64_t pos_offset, int inverse, void *y);
+  /* q [B,T,Hq,D], k/v [B,S,Hkv,D], o [B,T,Hq,D], lse [B,Hq,T]. */
+  tt_status (*attention)(int dtype, int64_t B, int64_t T, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                         int causal, double scale, const void *q, const void *k, const void *v, void *o, void *lse);
+  /* dq, dk, dv are written (not accumulated). */
+  tt_status (*attention_backward)(int dtype, int64_t B, int64_t T, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                                  int causal, double scale, const void *q, const void *k, const void *v,
+                                  const void *o, const void *lse, const void *dout, void *dq, void *dk, void *dv);
+  tt_status (*swiglu)(int dtype, int64_t n, const void *a, const void *b, void *y);
+  tt_status (*swiglu_backward)(int dtype, int64_t n, const void *a, const void *b, const void *dy, void *da,
+                               void *db);
+  /* logits [N, V]; targets i64 [N]; losses, lse [N]. */
+  tt_status (*cross_entropy)(int dtype, int64_t N, int64_t V, const void *logits, const int64_t *targets,
+                             int64_t ignore_index, void *losses, void *lse);
+  tt_status (*cross_entropy_backward)(int dtype, int64_t N, int64_t V, const void *logits, const int64_t *targets,
+                                      const void *lse, const void *dlosses, int64_t ignore_index, void *dlogits);
+
+  /* -- optimizer -- */
+  /* param (param_dtype), grad (grad_dtype), m, v, master: f32 (master may be NULL). */
+  tt_status (*adamw)(int param_dtype, int grad_dtype, int64_t n, void *param, const void *grad, float *m, float *v,
+                     float *master, double lr, double beta1, double beta2, double eps, double weight_decay,
+                     double bias_correction1, double bias_correction2);
+} tt_kernels;
+
+/* The backends. cuda is NULL when built without TITAN_CUDA. */
+const tt_kernels *tt_kernels_cpu(void);
+const tt_kernels *tt_kernels_cuda(void);
+
+#endif /* TT_KERNELS_H */

@@ -1,0 +1,257 @@
+-- autograd.lua — reverse-mode differentiation as a tape of Lua nodes; the
+-- math of every backward is a C entry point.
+--
+-- An op that sees an input requiring grad records a node on its output:
+--   node = { name, inputs = {...}, backward = fn(ctx, gout) -> grads, saved = {...} }
+-- backward() orders the nodes reachable from the root, runs them in reverse
+-- and routes each returned gradient to its input: a leaf accumulates into
+-- .grad, an intermediate into its node's pending gradient. A backward may
+-- also accumulate straight into a leaf's .grad (ctx:accum(i)), which is how
+-- weight gradients cost no extra pass and gradient accumulation is free.
+-- Saved tensors and intermediate gradients are released as soon as their
+-- node has run, not when the garbage collector gets to them.
+local tensor = require("titan.tensor")
+local memory = require("titan.memory")
+local tffi = require("titan.ffi")
+local C, check = tffi.C, tffi.check
+
+local M = {}
+
+local enabled = true
+
+function M.is_enabled() return enabled end
+
+local function restore(prev, ok, ...)
+  enabled = prev
+  if not ok then error((...), 0) end
+  return ...
+end
+
+-- Run fn(...) without recording (evaluation, optimizer updates, init).
+function M.no_grad(fn, ...)
+  local prev = enabled
+  enabled = false
+  return restore(prev, pcall(fn, ...))
+end
+
+function M.set_enabled(on)
+  local prev = enabled
+  enabled = on and true or false
+  return prev
+end
+
+-- Does any of these values need a gradient?
+function M.needs(...)
+  if not enabled then return false end
+  for i = 1, select("#", ...) do
+    local t = select(i, ...)
+    if type(t) == "table" and t.requires_grad then return true end
+  end
+  return false
+end
+
+-- A second owner of t's memory for a node: a new handle with its own C
+-- reference and no scope, so the scope that frees t's handle leaves the
+-- memory to the node, which releases it after its backward has run.
+local function share(t)
+  local c = tensor.cptr(t)
+  C.tt_tensor_retain(c)
+  local s = tensor.wrap(c)
+  memory.keep(s)
+  return s
+end
+M.share = share
+
+-- Attach a node to `out`. inputs: array (may hold non-tensors; n = count).
+function M.record(name, out, inputs, n, backward, saved)
+  local owned = {}
+  if saved then
+    for i, t in ipairs(saved) do owned[i] = share(t) end
+  end
+  out.requires_grad = true
+  out._node = { name = name, inputs = inputs, n = n or #inputs, backward = backward, saved = owned }
+  return out
+end
+
+local Ctx = {}
+Ctx.__index = Ctx
+
+-- Input i needs a gradient.
+function Ctx:needs(i)
+  local t = self.node.inputs[i]
+  return type(t) == "table" and t.requires_grad == true
+end
+
+-- The .grad of leaf input i to accumulate into directly (created as zeros
+-- on first use), or nil when input i is not a leaf that needs a gradient.
+function Ctx:accum(i)
+  local t = self.node.inputs[i]
+  if type(t) ~= "table" or not t.requires_grad or t._node then return nil end
+  if not t.grad then
+    t.grad = memory.keep(tensor.zeros_like(t))
+  end
+  return t.grad
+end
+
+function Ctx:saved(i) return self.node.saved[i] end
+
+local function topo_order(root_node)
+  local order, visited = {}, {}
+  local stack = { { root_node, 1 } }
+  visited[root_node] = true
+  while #stack > 0 do
+    local top = stack[#stack]
+    local node, i = top[1], top[2]
+    if i <= node.n then
+      top[2] = i + 1
+      local inp = node.inputs[i]
+      local child = type(inp) == "table" and inp._node
+      if child and not visited[child] then
+        visited[child] = true
+        stack[#stack + 1] = { child, 1 }
+      end
+    else
+      stack[#stack] = nil
+      order[#order + 1] = node -- post-order: children before parents
+    end
+  end
+  return order
+end
+
+local function release_node(node)
+  for _, s in ipairs(node.saved) do s:free() end
+  node.saved = nil
+  node.released = true
+end
+
+-- backward(root[, grad[, opts]]): opts.retain_graph keeps saved tensors.
+function M.backward(root, grad, opts)
+  opts = opts or {}
+  if not root.requires_grad then
+    error("backward: the tensor does not require grad (no input of its graph has requires_grad = true)", 2)
+  end
+  local user_grad = grad ~= nil
+  if not grad then
+    if root:numel() ~= 1 then
+      error("backward: grad can be implicit only for a scalar; got shape " .. tensor.shape_str(root:shape()), 2)
+    end
+    grad = tensor.full(root:shape(), 1, { dtype = root:dtype(), device = root:device() })
+  end
+  local prev = enabled
+  enabled = false -- backward math is not itself recorded
+  local ok, err = pcall(function()
+    if not root._node then -- a leaf
+      if root.grad then
+        check(C.tt_op_axpy(root.grad._c, 1, grad._c))
+      else
+        root.grad = memory.keep(user_grad and grad:clone() or grad)
+        if not user_grad then grad = nil end
+      end
+      if grad and not user_grad then grad:free() end
+      return
+    end
+    local pending = { [root._node] = grad }
+    local holder = {} -- gradient tensors currently stored somewhere
+    holder[grad] = true
+    local order = topo_order(root._node)
+    for k = #order, 1, -1 do
+      local node = order[k]
+      local g = pending[node]
+      pending[node] = nil
+      if g then
+        if node.released then
+          error("backward: the graph through " .. node.name ..
+                " was already used by a backward (pass {retain_graph = true} to backward twice)", 0)
+        end
+        holder[g] = nil
+        local ctx = setmetatable({ node = node }, Ctx)
+        local grads = node.backward(ctx, g) or {}
+        for i = 1, node.n do
+          local gi, inp = grads[i], node.inputs[i]
+          if gi and type(inp) == "table" and inp.requires_grad then
+            -- A gradient is accumulated into in place later, so whoever
+            -- stores it must own packed memory no one else holds.
+            if holder[gi] then
+              gi = gi:clone()
+            elseif not gi:is_contiguous() then
+              local packed = gi:clone()
+              if gi ~= g then gi:free() end
+              gi = packed
+            end
+            if inp._node then
+              local acc = pending[inp._node]
+              if acc then
+                check(C.tt_op_axpy(acc._c, 1, gi._c))
+                if gi ~= g then gi:free() end
+              else
+                pending[inp._node] = gi
+                holder[gi] = true
+              end
+            else
+              if inp.grad then
+                check(C.tt_op_axpy(inp.grad._c, 1, gi._c))
+                if gi ~= g then gi:free() end
+              else
+                inp.grad = memory.keep(gi)
+                holder[gi] = true
+              end
+            end
+          elseif gi and gi ~= g and not holder[gi] then
+            gi:free()
+          end
+        end
+        if not holder[g] and not (user_grad and g == grad) then g:free() end
+      end
+      if not opts.retain_graph then release_node(node) end
+    end
+  end)
+  enabled = prev
+  if not ok then error(err, 2) end
+end
+
+-- ---- user-defined differentiable functions ---------------------------------
+--
+--   local Square = autograd.Function {
+--     forward = function(ctx, x) ctx:save_for_backward(x); return x * x end,
+--     backward = function(ctx, g) local x = ctx.saved_tensors[1]; return g * x * 2 end,
+--   }
+--   local y = Square(x)
+--
+-- backward returns one gradient per argument of forward (nil for arguments
+-- that need none). forward runs without recording.
+
+local FnCtx = {}
+FnCtx.__index = FnCtx
+
+function FnCtx:save_for_backward(...)
+  self._to_save = { ... }
+end
+
+function M.Function(def)
+  assert(type(def.forward) == "function" and type(def.backward) == "function",
+    "autograd.Function needs forward and backward functions")
+  local fn = {}
+  local function apply(...)
+    local n = select("#", ...)
+    local args = { ... }
+    local ctx = setmetatable({}, FnCtx)
+    local prev = enabled
+    enabled = false
+    local ok, out = pcall(def.forward, ctx, ...)
+    enabled = prev
+    if not ok then error(out, 2) end
+    if M.needs(unpack(args, 1, n)) then
+      local saved = ctx._to_save or {}
+      ctx._to_save = nil
+      M.record(def.name or "Function", out, args, n, function(_, g)
+        ctx.saved_tensors = _.node.saved
+        return { def.backward(ctx, g) }
+      end, saved)
+    end
+    return out
+  end
+  fn.apply = apply
+  return setmetatable(fn, { __call = function(_, ...) return apply(...) end })
+end
+
+return M

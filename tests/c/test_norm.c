@@ -1,0 +1,191 @@
+/*
+ * test_norm.c — RMSNorm forward/backward against a plain double reference,
+ * finite-difference gradients in f64, dw accumulation, thread-count
+ * determinism.
+ */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "cpu/cpu.h"
+#include "tt_test.h"
+
+static const double EPS = 1e-5;
+
+static void ref_rmsnorm(int64_t rows, int64_t dim, const double *x, const double *w, double *y, double *rstd) {
+  for (int64_t r = 0; r < rows; r++) {
+    double ss = 0;
+    for (int64_t j = 0; j < dim; j++) ss += x[r * dim + j] * x[r * dim + j];
+    rstd[r] = 1.0 / sqrt(ss / (double)dim + EPS);
+    for (int64_t j = 0; j < dim; j++) y[r * dim + j] = x[r * dim + j] * rstd[r] * w[j];
+  }
+}
+
+/* Straight from the chain rule through mean(x^2); dw accumulates. */
+static void ref_rmsnorm_backward(int64_t rows, int64_t dim, const double *x, const double *w, const double *rstd,
+                                 const double *dy, double *dx, double *dw) {
+  for (int64_t r = 0; r < rows; r++) {
+    const double *xr = x + r * dim, *g = dy + r * dim;
+    double s = rstd[r], dot = 0;
+    for (int64_t j = 0; j < dim; j++) dot += g[j] * w[j] * xr[j];
+    for (int64_t j = 0; j < dim; j++) dx[r * dim + j] = s * w[j] * g[j] - xr[j] * s * s * s * dot / (double)dim;
+    for (int64_t j = 0; j < dim; j++) dw[j] += g[j] * xr[j] * s;
+  }
+}
+
+/* calloc: zeroed memory, so the compiler sees the inputs initialized. */
+static double *dalloc(int64_t n) { return calloc((size_t)n + 1, sizeof(double)); }
+static float *falloc(int64_t n) { return calloc((size_t)n + 1, sizeof(float)); }
+
+static void nan_f32(float *p, int64_t n) { for (int64_t i = 0; i < n; i++) p[i] = NAN; }
+static void nan_f64(double *p, int64_t n) { for (int64_t i = 0; i < n; i++) p[i] = NAN; }
+static void to_f32(const double *s, float *d, int64_t n) { for (int64_t i = 0; i < n; i++) d[i] = (float)s[i]; }
+static void to_f64(const float *s, double *d, int64_t n) { for (int64_t i = 0; i < n; i++) d[i] = (double)s[i]; }
+
+/* Forward and backward of one shape in both dtypes against the reference. */
+static void check_values(int64_t rows, int64_t dim) {
+  int64_t n = rows * dim;
+  double *x = dalloc(n), *w = dalloc(dim), *dy = dalloc(n);
+  double *dw0 = dalloc(dim), *y = dalloc(n), *rstd = dalloc(rows);
+  double *dx = dalloc(n), *dw = dalloc(dim);
+  double *ry = dalloc(n), *rrstd = dalloc(rows), *rdx = dalloc(n);
+  double *rdw = dalloc(dim);
+  tt_test_fill_f64(x, n, 2.0);
+  for (int64_t j = 0; j < dim; j++) w[j] = 1.0 + 0.5 * tt_test_rand();
+  tt_test_fill_f64(dy, n, 1.0);
+  tt_test_fill_f64(dw0, dim, 1.0);
+
+  /* f64: reference on the same inputs. */
+  ref_rmsnorm(rows, dim, x, w, ry, rrstd);
+  memcpy(rdw, dw0, dim * sizeof *rdw);
+  ref_rmsnorm_backward(rows, dim, x, w, rrstd, dy, rdx, rdw);
+  nan_f64(y, n); nan_f64(rstd, rows); nan_f64(dx, n);
+  memcpy(dw, dw0, dim * sizeof *dw);
+  CHECK(tt_cpu_rmsnorm(TT_F64, rows, dim, EPS, x, w, y, rstd) == TT_OK, "f64 forward");
+  CHECK(tt_test_rel_err_f64(y, ry, n) < 1e-13, "f64 y rows %ld dim %ld err %g", (long)rows, (long)dim,
+        tt_test_rel_err_f64(y, ry, n));
+  CHECK(tt_test_rel_err_f64(rstd, rrstd, rows) < 1e-13, "f64 rstd rows %ld dim %ld", (long)rows, (long)dim);
+  CHECK(tt_cpu_rmsnorm_backward(TT_F64, rows, dim, x, w, rstd, dy, dx, dw) == TT_OK, "f64 backward");
+  CHECK(tt_test_rel_err_f64(dx, rdx, n) < 1e-12, "f64 dx rows %ld dim %ld err %g", (long)rows, (long)dim,
+        tt_test_rel_err_f64(dx, rdx, n));
+  CHECK(tt_test_rel_err_f64(dw, rdw, dim) < 1e-12, "f64 dw rows %ld dim %ld err %g", (long)rows, (long)dim,
+        tt_test_rel_err_f64(dw, rdw, dim));
+  nan_f64(dx, n);
+  CHECK(tt_cpu_rmsnorm_backward(TT_F64, rows, dim, x, w, rstd, dy, dx, NULL) == TT_OK, "f64 backward dw NULL");
+  CHECK(tt_test_rel_err_f64(dx, rdx, n) < 1e-12, "f64 dx (dw NULL)");
+
+  /* f32: inputs rounded to f32, reference in double on the rounded values. */
+  float *xf = falloc(n), *wf = falloc(dim), *dyf = falloc(n);
+  float *yf = falloc(n), *rstdf = falloc(rows), *dxf = falloc(n);
+  float *dwf = falloc(dim);
+  to_f32(x, xf, n); to_f32(w, wf, dim); to_f32(dy, dyf, n); to_f32(dw0, dwf, dim);
+  to_f64(xf, x, n); to_f64(wf, w, dim); to_f64(dyf, dy, n); to_f64(dwf, rdw, dim);
+  ref_rmsnorm(rows, dim, x, w, ry, rrstd);
+  ref_rmsnorm_backward(rows, dim, x, w, rrstd, dy, rdx, rdw);
+  nan_f32(yf, n); nan_f32(rstdf, rows); nan_f32(dxf, n);
+  CHECK(tt_cpu_rmsnorm(TT_F32, rows, dim, EPS, xf, wf, yf, rstdf) == TT_OK, "f32 forward");
+  to_f64(yf, y, n); to_f64(rstdf, rstd, rows);
+  CHECK(tt_test_rel_err_f64(y, ry, n) < 1e-6, "f32 y rows %ld dim %ld err %g", (long)rows, (long)dim,
+        tt_test_rel_err_f64(y, ry, n));
+  CHECK(tt_test_rel_err_f64(rstd, rrstd, rows) < 1e-6, "f32 rstd rows %ld dim %ld", (long)rows, (long)dim);
+  CHECK(tt_cpu_rmsnorm_backward(TT_F32, rows, dim, xf, wf, rstdf, dyf, dxf, dwf) == TT_OK, "f32 backward");
+  to_f64(dxf, dx, n); to_f64(dwf, dw, dim);
+  /* At dim 1, y = sign(x) w up to eps: dx is the cancellation of two O(1)
+   * terms, so the f32 rounding of rstd alone costs ~1e-2 of it. */
+  double dx_tol = dim == 1 ? 5e-2 : 1e-5;
+  CHECK(tt_test_rel_err_f64(dx, rdx, n) < dx_tol, "f32 dx rows %ld dim %ld err %g", (long)rows, (long)dim,
+        tt_test_rel_err_f64(dx, rdx, n));
+  CHECK(tt_test_rel_err_f64(dw, rdw, dim) < 1e-6, "f32 dw rows %ld dim %ld err %g", (long)rows, (long)dim,
+        tt_test_rel_err_f64(dw, rdw, dim));
+
+  free(x); free(w); free(dy); free(dw0); free(y); free(rstd); free(dx); free(dw); free(ry); free(rrstd);
+  free(rdx); free(rdw); free(xf); free(wf); free(dyf); free(yf); free(rstdf); free(dxf); free(dwf);
+}
+
+/* L = sum(g * rmsnorm(x, w)); compare backward's dx and dw (accumulated onto
+ * a nonzero dw) with central differences. */
+static double loss_of(int64_t rows, int64_t dim, const double *x, const double *w, const double *g, double *y,
+                      double *rstd) {
+  tt_cpu_rmsnorm(TT_F64, rows, dim, EPS, x, w, y, rstd);
+  double l = 0;
+  for (int64_t i = 0; i < rows * dim; i++) l += g[i] * y[i];
+  return l;
+}
+
+static void check_gradients(int64_t rows, int64_t dim) {
+  int64_t n = rows * dim;
+  double *x = dalloc(n), *w = dalloc(dim), *g = dalloc(n);
+  double *y = dalloc(n), *rstd = dalloc(rows), *dx = dalloc(n);
+  double *dw = dalloc(dim), *dw0 = dalloc(dim);
+  double *fdx = dalloc(n), *fdw = dalloc(dim);
+  tt_test_fill_f64(x, n, 1.5);
+  for (int64_t j = 0; j < dim; j++) w[j] = 1.0 + 0.5 * tt_test_rand();
+  tt_test_fill_f64(g, n, 1.0);
+  tt_test_fill_f64(dw0, dim, 1.0);
+  const double h = 1e-6;
+  for (int64_t i = 0; i < n; i++) {
+    double s = x[i];
+    x[i] = s + h; double lp = loss_of(rows, dim, x, w, g, y, rstd);
+    x[i] = s - h; double lm = loss_of(rows, dim, x, w, g, y, rstd);
+    x[i] = s;
+    fdx[i] = (lp - lm) / (2 * h);
+  }
+  for (int64_t j = 0; j < dim; j++) {
+    double s = w[j];
+    w[j] = s + h; double lp = loss_of(rows, dim, x, w, g, y, rstd);
+    w[j] = s - h; double lm = loss_of(rows, dim, x, w, g, y, rstd);
+    w[j] = s;
+    fdw[j] = (lp - lm) / (2 * h) + dw0[j];
+  }
+  loss_of(rows, dim, x, w, g, y, rstd);
+  nan_f64(dx, n);
+  memcpy(dw, dw0, dim * sizeof *dw);
+  tt_cpu_rmsnorm_backward(TT_F64, rows, dim, x, w, rstd, g, dx, dw);
+  CHECK(tt_test_rel_err_f64(dx, fdx, n) < 1e-7, "fd dx rows %ld dim %ld err %g", (long)rows, (long)dim,
+        tt_test_rel_err_f64(dx, fdx, n));
+  CHECK(tt_test_rel_err_f64(dw, fdw, dim) < 1e-7, "fd dw rows %ld dim %ld err %g", (long)rows, (long)dim,
+        tt_test_rel_err_f64(dw, fdw, dim));
+  free(x); free(w); free(g); free(y); free(rstd); free(dx); free(dw); free(dw0); free(fdx); free(fdw);
+}
+
+/* Same inputs, 1, 2 and 3 threads: bit-identical outputs (large enough to
+ * take the parallel path). */
+static void check_determinism(void) {
+  const int64_t rows = 300, dim = 1000, n = rows * dim;
+  float *x = falloc(n), *w = falloc(dim), *dy = falloc(n);
+  float *y[3], *rstd[3], *dx[3], *dw[3];
+  tt_test_fill_f32(x, n, 1.0);
+  tt_test_fill_f32(w, dim, 1.0);
+  tt_test_fill_f32(dy, n, 1.0);
+  int saved = omp_get_max_threads();
+  for (int k = 0; k < 3; k++) {
+    y[k] = falloc(n); rstd[k] = falloc(rows);
+    dx[k] = falloc(n); dw[k] = falloc(dim);
+    omp_set_num_threads(k + 1);
+    tt_cpu_rmsnorm(TT_F32, rows, dim, EPS, x, w, y[k], rstd[k]);
+    tt_cpu_rmsnorm_backward(TT_F32, rows, dim, x, w, rstd[k], dy, dx[k], dw[k]);
+  }
+  omp_set_num_threads(saved);
+  for (int k = 1; k < 3; k++) {
+    CHECK(!memcmp(y[0], y[k], n * sizeof(float)), "y differs with %d threads", k + 1);
+    CHECK(!memcmp(dx[0], dx[k], n * sizeof(float)), "dx differs with %d threads", k + 1);
+    CHECK(!memcmp(dw[0], dw[k], dim * sizeof(float)), "dw differs with %d threads", k + 1);
+  }
+  for (int k = 0; k < 3; k++) { free(y[k]); free(rstd[k]); free(dx[k]); free(dw[k]); }
+  free(x); free(w); free(dy);
+}
+
+int main(void) {
+  const int64_t rows[] = {1, 5, 64}, dims[] = {1, 3, 17, 256, 768};
+  for (int r = 0; r < 3; r++)
+    for (int d = 0; d < 5; d++) check_values(rows[r], dims[d]);
+  check_values(700, 300); /* parallel path, several dw column blocks */
+  check_gradients(1, 1);
+  check_gradients(3, 7);
+  check_gradients(4, 130); /* crosses a dw column block */
+  check_determinism();
+  double z = 0;
+  CHECK(tt_cpu_rmsnorm(TT_BF16, 1, 1, EPS, &z, &z, &z, &z) == TT_ERR_DTYPE, "bf16 refused");
+  CHECK(tt_cpu_rmsnorm_backward(TT_I64, 1, 1, &z, &z, &z, &z, &z, NULL) == TT_ERR_DTYPE, "i64 refused");
+  return tt_test_summary("test_norm");
+}
