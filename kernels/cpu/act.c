@@ -21,8 +21,10 @@
  * (checked against exp() over every float in [-110, 90]). Branch-free, so
  * loops calling it vectorize (same function as in loss.c). */
 static inline float act_expf(float x) {
-  float xc = x < -104.0f ? -104.0f : x; /* below: rounds to 0 anyway */
-  xc = xc > 89.0f ? 89.0f : xc;         /* above: inf anyway */
+  /* Below -104 the result rounds to 0, above 89 to inf; NaN is parked at
+   * -104 so the int conversion stays defined, and passed through at the end. */
+  float xc = x > -104.0f ? x : -104.0f;
+  xc = xc < 89.0f ? xc : 89.0f;
   float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
   float r = fmaf(n, -0.693359375f, xc);
   r = fmaf(n, 2.12194440e-4f, r);
@@ -37,7 +39,7 @@ static inline float act_expf(float x) {
   union { uint32_t u; float f; } s1, s2;
   s1.u = (uint32_t)(n1 + 127) << 23;
   s2.u = (uint32_t)(n2 + 127) << 23;
-  return p * s1.f * s2.f;
+  return x == x ? p * s1.f * s2.f : x;
 }
 
 #define DEF_SWIGLU(T, SFX, EXP)                                                                         \
@@ -48,7 +50,7 @@ static inline float act_expf(float x) {
   }                                                                                                     \
   static void swiglu_##SFX(int64_t n, const T *a, const T *b, T *y) {                                   \
     int par = n >= ACT_PAR_MIN;                                                                         \
-    _Pragma("omp parallel for simd schedule(static) if (par)") for (int64_t i = 0; i < n; i++) {        \
+    _Pragma("omp parallel for simd schedule(static) if (parallel : par)") for (int64_t i = 0; i < n; i++) {        \
       T ai = a[i];                                                                                      \
       y[i] = ai * sigmoid_##SFX(ai) * b[i];                                                             \
     }                                                                                                   \
@@ -56,7 +58,7 @@ static inline float act_expf(float x) {
   /* d silu(a)/da = sig * (1 + a * (1 - sig)). */                                                      \
   static void swiglu_backward_##SFX(int64_t n, const T *a, const T *b, const T *dy, T *da, T *db) {     \
     int par = n >= ACT_PAR_MIN;                                                                         \
-    _Pragma("omp parallel for simd schedule(static) if (par)") for (int64_t i = 0; i < n; i++) {        \
+    _Pragma("omp parallel for simd schedule(static) if (parallel : par)") for (int64_t i = 0; i < n; i++) {        \
       T ai = a[i], bi = b[i], g = dy[i];                                                                \
       T sg = sigmoid_##SFX(ai);                                                                         \
       da[i] = g * bi * sg * ((T)1 + ai * ((T)1 - sg));                                                  \

@@ -23,8 +23,10 @@
  * loops calling it vectorize, where glibc's expf is a scalar call unless
  * -ffast-math (same function as in act.c). */
 static inline float loss_expf(float x) {
-  float xc = x < -104.0f ? -104.0f : x; /* below: rounds to 0 anyway */
-  xc = xc > 89.0f ? 89.0f : xc;         /* above: inf anyway */
+  /* Below -104 the result rounds to 0, above 89 to inf; NaN is parked at
+   * -104 so the int conversion stays defined, and passed through at the end. */
+  float xc = x > -104.0f ? x : -104.0f;
+  xc = xc < 89.0f ? xc : 89.0f;
   float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
   float r = fmaf(n, -0.693359375f, xc);
   r = fmaf(n, 2.12194440e-4f, r);
@@ -39,7 +41,7 @@ static inline float loss_expf(float x) {
   union { uint32_t u; float f; } s1, s2;
   s1.u = (uint32_t)(n1 + 127) << 23;
   s2.u = (uint32_t)(n2 + 127) << 23;
-  return p * s1.f * s2.f;
+  return x == x ? p * s1.f * s2.f : x;
 }
 
 /* A target outside [0, V) cannot reach here (ops.c validates), but reading

@@ -122,37 +122,28 @@ static double block_sum(const void *x, int dt, int sq, int64_t lo, int64_t hi) {
   }
 }
 
-/* First max of x[lo, hi) (the first NaN if there is one): a vectorized
- * pass for the value (a lane that meets a NaN keeps it), then a scan for
- * its first position. */
+/* First max of x[lo, hi) (the first NaN if there is one). Pass 1 finds
+ * the largest value and counts NaNs; max is exact, so its order does not
+ * matter and `omp simd` may vectorize it freely. Pass 2 finds the first
+ * position holding it, and the value reported is the one stored there (so
+ * a -0/+0 tie reports the first zero, as a sequential scan would). */
 TT_INLINE void scan_max(const void *x, int dt, int64_t lo, int64_t hi, double *best, int64_t *at) {
-  double mx[LANES];
-  for (int l = 0; l < LANES; l++) mx[l] = -INFINITY;
-  int64_t i = lo;
-  for (; i + LANES <= hi; i += LANES)
-    for (int l = 0; l < LANES; l++) {
-      double v = ld(x, dt, i + l);
-      mx[l] = (v > mx[l] || v != v) ? v : mx[l];
-    }
-  for (int l = 0; i + l < hi; l++) {
-    double v = ld(x, dt, i + l);
-    mx[l] = (v > mx[l] || v != v) ? v : mx[l];
+  double m = -INFINITY;
+  int64_t nans = 0;
+#pragma omp simd reduction(max : m) reduction(+ : nans)
+  for (int64_t i = lo; i < hi; i++) {
+    double v = ld(x, dt, i);
+    m = v > m ? v : m;
+    nans += v != v;
   }
-  double b = -INFINITY;
-  for (int l = 0; l < LANES; l++)
-    if (max_takes(mx[l], b)) b = mx[l];
   int64_t a = lo;
-  if (b != b) {
-    for (a = lo; a < hi; a++) {
-      double v = ld(x, dt, a);
-      if (v != v) break;
-    }
-  } else if (b != -INFINITY) {
-    for (a = lo; a < hi; a++)
-      if (ld(x, dt, a) == b) break;
+  if (nans) {
+    while (a < hi && ld(x, dt, a) == ld(x, dt, a)) a++;
+  } else if (m != -INFINITY) {
+    while (a < hi && ld(x, dt, a) != m) a++;
   }
-  *best = b;
-  *at = a;
+  *best = a < hi ? ld(x, dt, a) : -INFINITY;
+  *at = a < hi ? a : lo;
 }
 
 static void block_max(const void *x, int dt, int64_t lo, int64_t hi, double *best, int64_t *at) {
@@ -269,8 +260,16 @@ static void reduce_rows(int op, int dt, int64_t rows, int64_t n, const void *x, 
   block_plan(n, &nblk, &bs);
   int sq = op == TT_RNORM2;
   if (n < LANES) {
-    if (dt == TT_F64) short_rows(TT_F64, op, rows, n, x, y, idx);
-    else short_rows(TT_F32, op, rows, n, x, y, idx);
+    switch (op + 4 * (dt == TT_F64)) {
+    case TT_RSUM: short_rows(TT_F32, TT_RSUM, rows, n, x, y, idx); break;
+    case TT_RMEAN: short_rows(TT_F32, TT_RMEAN, rows, n, x, y, idx); break;
+    case TT_RMAX: short_rows(TT_F32, TT_RMAX, rows, n, x, y, idx); break;
+    case TT_RNORM2: short_rows(TT_F32, TT_RNORM2, rows, n, x, y, idx); break;
+    case 4 + TT_RSUM: short_rows(TT_F64, TT_RSUM, rows, n, x, y, idx); break;
+    case 4 + TT_RMEAN: short_rows(TT_F64, TT_RMEAN, rows, n, x, y, idx); break;
+    case 4 + TT_RMAX: short_rows(TT_F64, TT_RMAX, rows, n, x, y, idx); break;
+    default: short_rows(TT_F64, TT_RNORM2, rows, n, x, y, idx); break;
+    }
     return;
   }
   if (rows <= SMALL_OUT && nblk > 1) {
@@ -539,22 +538,15 @@ tt_status tt_cpu_sum_to(int dtype, int ndim, const int64_t *shape, const void *x
 
 /* ---- softmax ---------------------------------------------------------- */
 
+/* Row max ignoring NaN (a NaN still reaches every output through the sum). */
 TT_INLINE double row_max(const void *x, int dt, int64_t off, int64_t n) {
-  double mx[LANES];
-  for (int l = 0; l < LANES; l++) mx[l] = -INFINITY;
-  int64_t i = 0;
-  for (; i + LANES <= n; i += LANES)
-    for (int l = 0; l < LANES; l++) {
-      double v = ld(x, dt, off + i + l);
-      mx[l] = v > mx[l] ? v : mx[l];
-    }
-  for (int l = 0; i + l < n; l++) {
-    double v = ld(x, dt, off + i + l);
-    mx[l] = v > mx[l] ? v : mx[l];
+  double m = -INFINITY;
+#pragma omp simd reduction(max : m)
+  for (int64_t i = off; i < off + n; i++) {
+    double v = ld(x, dt, i);
+    m = v > m ? v : m;
   }
-  for (int w = LANES / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; l++) mx[l] = mx[l + w] > mx[l] ? mx[l + w] : mx[l];
-  return mx[0];
+  return m;
 }
 
 /* expf for vector loops: Cephes' reduction and polynomial (under 1 ulp

@@ -139,6 +139,7 @@ function M.backward(root, grad, opts)
   end
   local prev = enabled
   enabled = false -- backward math is not itself recorded
+  local pending, holder = {}, {}
   local ok, err = pcall(function()
     if not root._node then -- a leaf
       if root.grad then
@@ -150,19 +151,18 @@ function M.backward(root, grad, opts)
       if grad and not user_grad then grad:free() end
       return
     end
-    local pending = { [root._node] = grad }
-    local holder = {} -- gradient tensors currently stored somewhere
-    holder[grad] = true
+    pending[root._node] = grad -- gradient waiting for each node
+    holder[grad] = true        -- gradient tensors currently stored somewhere
     local order = topo_order(root._node)
     for k = #order, 1, -1 do
       local node = order[k]
       local g = pending[node]
-      pending[node] = nil
       if g then
         if node.released then
           error("backward: the graph through " .. node.name ..
                 " was already used by a backward (pass {retain_graph = true} to backward twice)", 0)
         end
+        pending[node] = nil
         holder[g] = nil
         local ctx = setmetatable({ node = node }, Ctx)
         local grads = node.backward(ctx, g) or {}
@@ -206,7 +206,13 @@ function M.backward(root, grad, opts)
     end
   end)
   enabled = prev
-  if not ok then error(err, 2) end
+  if not ok then
+    -- Leave nothing behind: pending gradients die with the failed pass.
+    for _, g in pairs(pending) do
+      if not (user_grad and g == grad) then g:free() end
+    end
+    error(err, 2)
+  end
 end
 
 -- ---- user-defined differentiable functions ---------------------------------

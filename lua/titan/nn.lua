@@ -24,10 +24,12 @@ M.Module = Module
 local function is_tensor(v) return type(v) == "table" and getmetatable(v) == tensor.Tensor end
 local function is_module(v)
   if type(v) ~= "table" then return false end
-  local mt = getmetatable(v)
-  while mt do
-    if mt == Module then return true end
-    mt = getmetatable(mt)
+  -- instance -> class -> (class's metatable).__index = parent class ...
+  local cls = getmetatable(v)
+  while cls do
+    if cls == Module then return true end
+    local meta = getmetatable(cls)
+    cls = meta and rawget(meta, "__index")
   end
   return false
 end

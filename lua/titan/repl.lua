@@ -33,7 +33,7 @@ function M.run()
       setfenv(chunk, env)
       buffer = ""
       show(pcall(chunk))
-    elseif err and err:match("<eof>$") then
+    elseif err and err:match("<eof>'?$") then
       -- incomplete: keep reading
     else
       io.stderr:write("syntax error: ", tostring(err), "\n")

@@ -1,0 +1,58 @@
+-- The titan executable: scripts, -e, repl, --version, --help and errors.
+local env = require("titan.env")
+local exe = env.build_dir .. "/titan"
+
+local function run(cmd)
+  local p = io.popen(cmd .. " 2>&1; echo \"rc=$?\"")
+  local out = p:read("*a")
+  p:close()
+  local rc = tonumber(out:match("rc=(%d+)%s*$"))
+  return out:gsub("rc=%d+%s*$", ""), rc
+end
+
+describe("titan executable", function()
+  it("-e runs code with the library", function()
+    local out, rc = run(exe .. [[ -e 'print(require("titan").ones(2,3))']])
+    assert.are.equal(0, rc)
+    assert.truthy(out:find("tensor([[1., 1., 1.],", 1, true))
+  end)
+
+  it("runs a script with its arguments", function()
+    local path = os.tmpname() .. ".lua"
+    local f = assert(io.open(path, "w"))
+    f:write('local titan = require("titan"); print(select("#", ...), arg[1], titan.arange(3):sum():item())\n')
+    f:close()
+    local out, rc = run(exe .. " " .. path .. " hello world")
+    os.remove(path)
+    assert.are.equal(0, rc)
+    assert.truthy(out:find("2\thello\t3"), out)
+  end)
+
+  it("repl evaluates, prints, and keeps going after errors", function()
+    local out, rc = run("printf 'x = titan.ones(2)\\nx:sum():item()\\nnosuch.thing()\\nfor i = 1, 2 do\\n  print(i * 10)\\nend\\n1 + 1\\n' | "
+      .. exe .. " repl")
+    assert.are.equal(0, rc)
+    assert.truthy(out:find("\n2\n", 1, true) or out:find("> 2\n", 1, true), out)
+    assert.truthy(out:find("error:"), out)
+    assert.truthy(out:find("10") and out:find("20"), out)
+  end)
+
+  it("--version reports the BLAS choice; --help lists the commands", function()
+    local out, rc = run(exe .. " --version")
+    assert.are.equal(0, rc)
+    assert.truthy(out:find("^titan %d+%.%d+"))
+    assert.truthy(out:find("blas: OpenBLAS"))
+    out, rc = run(exe .. " --help")
+    assert.are.equal(0, rc)
+    assert.truthy(out:find("titan repl") and out:find("titan test"))
+  end)
+
+  it("a missing script and a failing script exit non-zero with one line", function()
+    local out, rc = run(exe .. " /nonexistent/recipe.lua")
+    assert.are.equal(1, rc)
+    assert.truthy(out:find("cannot read script '/nonexistent/recipe.lua'", 1, true))
+    out, rc = run(exe .. [[ -e 'error("boom")']])
+    assert.are.equal(1, rc)
+    assert.are.equal("titan: (command line):1: boom\n", out)
+  end)
+end)
