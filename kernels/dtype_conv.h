@@ -59,11 +59,13 @@ static inline uint16_t tt_f32_to_f16(float f) {
   if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520: inf */
   if (a < 0x38800000u) {                                   /* below f16 normal range */
     if (a < 0x33000000u) return (uint16_t)sign;            /* < half the smallest subnormal */
+    /* f16 subnormals are multiples of 2^-24: r = round(a * 2^24), which for
+     * a = M * 2^(e - 150) is M >> (126 - e), rounded to nearest even. */
     uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126 - e; /* 14 + (113 - e) - ... places m into 10-bit subnormal field */
-    uint32_t r = m >> (shift - 10 + 1);
-    uint32_t rem = m & ((1u << (shift - 10 + 1)) - 1u);
-    uint32_t half = 1u << (shift - 10);
+    uint32_t shift = 126 - e; /* 14..24 */
+    uint32_t r = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1);
     if (rem > half || (rem == half && (r & 1u))) r++;
     return (uint16_t)(sign | r);
   }

@@ -8,8 +8,13 @@
  * additions in id order whatever the thread count, with no atomics and no
  * scratch memory.
  */
-#include <omp.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#else
+static int omp_get_thread_num(void) { return 0; }
+static int omp_get_num_threads(void) { return 1; }
+#endif
 
 #include "cpu.h"
 
@@ -27,7 +32,7 @@ tt_status tt_cpu_embedding(int dtype, int64_t n_ids, int64_t dim, const void *we
   size_t row = (size_t)dim * es;
   const char *w = weight;
   char *o = out;
-  int par = n_ids * dim >= EMBED_PAR_MIN;
+  int par = n_ids > 1 && n_ids * dim >= EMBED_PAR_MIN;
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t i = 0; i < n_ids; i++) memcpy(o + (size_t)i * row, w + (size_t)ids[i] * row, row);
   return TT_OK;
@@ -42,19 +47,19 @@ static void embed_cols(int64_t dim, int tid, int nt, int64_t *j0, int64_t *j1) {
   *j1 = b < dim ? b : dim;
 }
 
-#define DEF_EMBEDDING_BACKWARD(T, SFX)                                                                   \
-  static void embedding_backward_##SFX(int64_t n_ids, int64_t dim, const T *restrict dy,                \
-                                       const int64_t *ids, T *restrict dweight) {                       \
-    int par = n_ids * dim >= EMBED_PAR_MIN;                                                               \
-    _Pragma("omp parallel if (par)") {                                                                    \
-      int64_t j0, j1;                                                                                     \
-      embed_cols(dim, omp_get_thread_num(), omp_get_num_threads(), &j0, &j1);                             \
-      for (int64_t i = 0; i < n_ids; i++) {                                                               \
-        T *dst = dweight + ids[i] * dim;                                                                  \
-        const T *src = dy + i * dim;                                                                      \
-        for (int64_t j = j0; j < j1; j++) dst[j] += src[j];                                               \
-      }                                                                                                   \
-    }                                                                                                     \
+#define DEF_EMBEDDING_BACKWARD(T, SFX)                                                                                \
+  static void embedding_backward_##SFX(int64_t n_ids, int64_t dim, const T *restrict dy,                              \
+                                       const int64_t *ids, T *restrict dweight) {                                     \
+    int par = dim > 16 && n_ids * dim >= EMBED_PAR_MIN;                                                               \
+    _Pragma("omp parallel if (par)") {                                                                                \
+      int64_t j0, j1;                                                                                                 \
+      embed_cols(dim, omp_get_thread_num(), omp_get_num_threads(), &j0, &j1);                                         \
+      for (int64_t i = 0; i < n_ids; i++) {                                                                           \
+        T *dst = dweight + ids[i] * dim;                                                                              \
+        const T *src = dy + i * dim;                                                                                  \
+        for (int64_t j = j0; j < j1; j++) dst[j] += src[j];                                                           \
+      }                                                                                                               \
+    }                                                                                                                 \
   }
 
 DEF_EMBEDDING_BACKWARD(float, f32)

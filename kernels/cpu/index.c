@@ -4,8 +4,9 @@
  * already validated by engine/ops.c.
  *
  * Select and gather move bytes, so they take any dtype by element size.
- * The add variants do real adds (f32, f64, i32, i64 wrapping, and bf16/f16
- * through f32 with one rounding per add, as PyTorch's CPU kernels do).
+ * The add variants do real adds: f32, f64, i32 and i64 (wrapping), and
+ * bf16/f16 through f32 with one rounding per add, as an element-by-element
+ * loop in that dtype would.
  *
  * The adds are deterministic without atomics: a task owns a block of the
  * destination outright (one outer slice, a range of inner columns and, for
@@ -206,7 +207,8 @@ static add_plan plan_adds(int64_t outer, int64_t inner, int64_t n_dst, int64_t w
   p.ntiles = (inner + p.w - 1) / p.w;
   /* Each row range rescans the whole index list, which pays only when the
    * rows it copies are several elements wide. */
-  if (split_rows && outer * p.ntiles < want && inner >= 16) p.nranges = min64(n_dst, (want + outer * p.ntiles - 1) / (outer * p.ntiles));
+  int64_t slabs = outer * p.ntiles;
+  if (split_rows && slabs < want && inner >= 16) p.nranges = min64(n_dst, (want + slabs - 1) / slabs);
   if (p.nranges < 1) p.nranges = 1;
   return p;
 }
@@ -233,9 +235,10 @@ tt_status tt_cpu_index_add(int dtype, int64_t outer, int64_t n_dst, int64_t inne
                            const int64_t *idx, const void *src) {
   if (!add_supported(dtype)) return TT_ERR_DTYPE;
   if (outer <= 0 || inner <= 0 || n_idx <= 0 || n_dst <= 0) return TT_OK;
-  add_plan p = plan_adds(outer, inner, n_dst, outer * n_idx * inner, 1);
+  int64_t work = outer * n_idx * inner;
+  add_plan p = plan_adds(outer, inner, n_dst, work, 1);
   int64_t ntask = outer * p.ntiles * p.nranges;
-#pragma omp parallel for schedule(static) if (ntask > 1)
+#pragma omp parallel for schedule(static) if (ntask > 1 && work >= PAR_MIN_ADDS)
   for (int64_t t = 0; t < ntask; t++) {
     switch (dtype) {
     case TT_F64: index_add_task(TT_F64, t, p, n_dst, inner, dst, n_idx, idx, src); break;
@@ -266,9 +269,10 @@ tt_status tt_cpu_scatter_add(int dtype, int64_t outer, int64_t n_dst, int64_t in
                              const int64_t *idx, const void *src) {
   if (!add_supported(dtype)) return TT_ERR_DTYPE;
   if (outer <= 0 || inner <= 0 || n_idx <= 0 || n_dst <= 0) return TT_OK;
-  add_plan p = plan_adds(outer, inner, n_dst, outer * n_idx * inner, 0);
+  int64_t work = outer * n_idx * inner;
+  add_plan p = plan_adds(outer, inner, n_dst, work, 0);
   int64_t ntask = outer * p.ntiles;
-#pragma omp parallel for schedule(static) if (ntask > 1)
+#pragma omp parallel for schedule(static) if (ntask > 1 && work >= PAR_MIN_ADDS)
   for (int64_t t = 0; t < ntask; t++) {
     switch (dtype) {
     case TT_F64: scatter_add_task(TT_F64, t, p, n_dst, inner, dst, n_idx, idx, src); break;

@@ -8,7 +8,6 @@
  * for float and double.
  */
 #include <math.h>
-#include <omp.h>
 
 #include "cpu.h"
 
@@ -18,55 +17,55 @@
  * thread streams every row of its column block. */
 #define NORM_DW_BLOCK 128
 
-#define DEF_RMSNORM(T, SFX)                                                                                   \
-  static void rmsnorm_##SFX(int64_t rows, int64_t dim, double eps, const T *restrict x, const T *restrict w, \
-                            T *restrict y, T *restrict rstd) {                                              \
-    int par = rows * dim >= NORM_PAR_MIN;                                                                   \
-    _Pragma("omp parallel for schedule(static) if (par)") for (int64_t r = 0; r < rows; r++) {              \
-      const T *xr = x + r * dim;                                                                            \
-      T *yr = y + r * dim;                                                                                  \
-      double ss = 0;                                                                                        \
-      _Pragma("omp simd reduction(+ : ss)") for (int64_t j = 0; j < dim; j++) ss += (double)xr[j] * xr[j];  \
-      T rs = (T)(1.0 / sqrt(ss / (double)dim + eps));                                                       \
-      rstd[r] = rs;                                                                                         \
-      for (int64_t j = 0; j < dim; j++) yr[j] = xr[j] * rs * w[j];                                          \
-    }                                                                                                       \
-  }                                                                                                         \
-                                                                                                            \
-  /* dx = rstd * (w*dy - x * rstd^2 * sum(dy*w*x) / dim); dw += sum over rows of dy * x * rstd.             \
-   * dx is parallel over rows; dw over column blocks, each column summed over all rows in row order        \
-   * (in double), so dw is bit-identical whatever the thread count and needs no scratch memory. */        \
-  static void rmsnorm_backward_##SFX(int64_t rows, int64_t dim, const T *restrict x, const T *restrict w,   \
-                                     const T *restrict rstd, const T *restrict dy, T *restrict dx,          \
-                                     T *restrict dw) {                                                      \
-    int par = rows * dim >= NORM_PAR_MIN;                                                                   \
-    int64_t nblocks = (dim + NORM_DW_BLOCK - 1) / NORM_DW_BLOCK;                                            \
-    _Pragma("omp parallel if (par)") {                                                                      \
-      _Pragma("omp for schedule(static)") for (int64_t r = 0; r < rows; r++) {                              \
-        const T *xr = x + r * dim, *dyr = dy + r * dim;                                                     \
-        T *dxr = dx + r * dim;                                                                              \
-        double dot = 0;                                                                                     \
-        _Pragma("omp simd reduction(+ : dot)") for (int64_t j = 0; j < dim; j++) dot +=                     \
-            (double)dyr[j] * w[j] * xr[j];                                                                  \
-        double rs = (double)rstd[r];                                                                        \
-        T a = (T)rs, c = (T)(rs * rs * rs * dot / (double)dim);                                             \
-        for (int64_t j = 0; j < dim; j++) dxr[j] = a * w[j] * dyr[j] - xr[j] * c;                           \
-      }                                                                                                     \
-      if (dw) {                                                                                             \
-        _Pragma("omp for schedule(static)") for (int64_t b = 0; b < nblocks; b++) {                         \
-          int64_t j0 = b * NORM_DW_BLOCK;                                                                   \
-          int64_t n = dim - j0 < NORM_DW_BLOCK ? dim - j0 : NORM_DW_BLOCK;                                  \
-          double acc[NORM_DW_BLOCK];                                                                        \
-          for (int64_t j = 0; j < n; j++) acc[j] = 0;                                                       \
-          for (int64_t r = 0; r < rows; r++) {                                                              \
-            const T *xr = x + r * dim + j0, *dyr = dy + r * dim + j0;                                       \
-            double rs = (double)rstd[r];                                                                    \
-            for (int64_t j = 0; j < n; j++) acc[j] += (double)dyr[j] * xr[j] * rs;                          \
-          }                                                                                                 \
-          for (int64_t j = 0; j < n; j++) dw[j0 + j] = (T)((double)dw[j0 + j] + acc[j]);                    \
-        }                                                                                                   \
-      }                                                                                                     \
-    }                                                                                                       \
+#define DEF_RMSNORM(T, SFX)                                                                                           \
+  static void rmsnorm_##SFX(int64_t rows, int64_t dim, double eps, const T *restrict x, const T *restrict w,          \
+                            T *restrict y, T *restrict rstd) {                                                        \
+    int par = rows > 1 && rows * dim >= NORM_PAR_MIN;                                                                 \
+    _Pragma("omp parallel for schedule(static) if (par)") for (int64_t r = 0; r < rows; r++) {                        \
+      const T *xr = x + r * dim;                                                                                      \
+      T *yr = y + r * dim;                                                                                            \
+      double ss = 0;                                                                                                  \
+      _Pragma("omp simd reduction(+ : ss)") for (int64_t j = 0; j < dim; j++) ss += (double)xr[j] * xr[j];            \
+      T rs = (T)(1.0 / sqrt(ss / (double)dim + eps));                                                                 \
+      rstd[r] = rs;                                                                                                   \
+      for (int64_t j = 0; j < dim; j++) yr[j] = xr[j] * rs * w[j];                                                    \
+    }                                                                                                                 \
+  }                                                                                                                   \
+                                                                                                                      \
+  /* dx = rstd * (w*dy - x * rstd^2 * sum(dy*w*x) / dim); dw += sum over rows of dy * x * rstd.                       \
+   * dx is parallel over rows; dw over column blocks, each column summed over all rows in row order                   \
+   * (in double), so dw is bit-identical whatever the thread count and needs no scratch memory. */                    \
+  static void rmsnorm_backward_##SFX(int64_t rows, int64_t dim, const T *restrict x, const T *restrict w,             \
+                                     const T *restrict rstd, const T *restrict dy, T *restrict dx,                    \
+                                     T *restrict dw) {                                                                \
+    int64_t nblocks = (dim + NORM_DW_BLOCK - 1) / NORM_DW_BLOCK;                                                      \
+    int par = (rows > 1 || nblocks > 1) && rows * dim >= NORM_PAR_MIN;                                                \
+    _Pragma("omp parallel if (par)") {                                                                                \
+      _Pragma("omp for schedule(static)") for (int64_t r = 0; r < rows; r++) {                                        \
+        const T *xr = x + r * dim, *dyr = dy + r * dim;                                                               \
+        T *dxr = dx + r * dim;                                                                                        \
+        double dot = 0;                                                                                               \
+        _Pragma("omp simd reduction(+ : dot)") for (int64_t j = 0; j < dim; j++) dot +=                               \
+            (double)dyr[j] * w[j] * xr[j];                                                                            \
+        double rs = (double)rstd[r];                                                                                  \
+        T a = (T)rs, c = (T)(rs * rs * rs * dot / (double)dim);                                                       \
+        for (int64_t j = 0; j < dim; j++) dxr[j] = a * w[j] * dyr[j] - xr[j] * c;                                     \
+      }                                                                                                               \
+      if (dw) {                                                                                                       \
+        _Pragma("omp for schedule(static)") for (int64_t b = 0; b < nblocks; b++) {                                   \
+          int64_t j0 = b * NORM_DW_BLOCK;                                                                             \
+          int64_t n = dim - j0 < NORM_DW_BLOCK ? dim - j0 : NORM_DW_BLOCK;                                            \
+          double acc[NORM_DW_BLOCK];                                                                                  \
+          for (int64_t j = 0; j < n; j++) acc[j] = 0;                                                                 \
+          for (int64_t r = 0; r < rows; r++) {                                                                        \
+            const T *xr = x + r * dim + j0, *dyr = dy + r * dim + j0;                                                 \
+            double rs = (double)rstd[r];                                                                              \
+            for (int64_t j = 0; j < n; j++) acc[j] += (double)dyr[j] * xr[j] * rs;                                    \
+          }                                                                                                           \
+          for (int64_t j = 0; j < n; j++) dw[j0 + j] = (T)((double)dw[j0 + j] + acc[j]);                              \
+        }                                                                                                             \
+      }                                                                                                               \
+    }                                                                                                                 \
   }
 
 DEF_RMSNORM(float, f32)

@@ -9,7 +9,6 @@
  * angle (inverse) is both the inverse and the gradient of the rotation.
  */
 #include <math.h>
-#include <omp.h>
 
 #include "cpu.h"
 
@@ -35,70 +34,70 @@ static double rope_scaled_freq(double freq, double scale_factor, double low_freq
   return (1.0 - smooth) * freq / scale_factor + smooth * freq;
 }
 
-#define DEF_ROPE_TABLE(T, SFX)                                                                                 \
-  static void rope_table_##SFX(int64_t head_dim, int64_t max_seq, double theta, double scale_factor,           \
-                               double low_freq_factor, double high_freq_factor, int64_t original_max_seq,      \
-                               T *restrict cs, T *restrict sn) {                                               \
-    int64_t half = head_dim / 2;                                                                               \
-    int par = max_seq * half >= ROPE_PAR_MIN;                                                                  \
-    _Pragma("omp parallel if (par)") {                                                                         \
-      double freq[ROPE_FREQ_CHUNK];                                                                            \
-      for (int64_t i0 = 0; i0 < half; i0 += ROPE_FREQ_CHUNK) {                                                 \
-        int64_t n = half - i0 < ROPE_FREQ_CHUNK ? half - i0 : ROPE_FREQ_CHUNK;                                 \
-        for (int64_t i = 0; i < n; i++) {                                                                      \
-          double f = 1.0 / pow(theta, (double)(2 * (i0 + i)) / (double)head_dim);                              \
-          if (scale_factor > 1.0)                                                                              \
-            f = rope_scaled_freq(f, scale_factor, low_freq_factor, high_freq_factor, (double)original_max_seq); \
-          freq[i] = f;                                                                                         \
-        }                                                                                                      \
-        _Pragma("omp for schedule(static)") for (int64_t p = 0; p < max_seq; p++) {                            \
-          for (int64_t i = 0; i < n; i++) {                                                                    \
-            double angle = (double)p * freq[i];                                                                \
-            cs[p * half + i0 + i] = (T)cos(angle);                                                             \
-            sn[p * half + i0 + i] = (T)sin(angle);                                                             \
-          }                                                                                                    \
-        }                                                                                                      \
-      }                                                                                                        \
-    }                                                                                                          \
+#define DEF_ROPE_TABLE(T, SFX)                                                                                        \
+  static void rope_table_##SFX(int64_t head_dim, int64_t max_seq, double theta, double scale_factor,                  \
+                               double low_freq_factor, double high_freq_factor, int64_t original_max_seq,             \
+                               T *restrict cs, T *restrict sn) {                                                      \
+    int64_t half = head_dim / 2;                                                                                      \
+    int par = max_seq > 1 && max_seq * half >= ROPE_PAR_MIN;                                                          \
+    _Pragma("omp parallel if (par)") {                                                                                \
+      double freq[ROPE_FREQ_CHUNK];                                                                                   \
+      for (int64_t i0 = 0; i0 < half; i0 += ROPE_FREQ_CHUNK) {                                                        \
+        int64_t n = half - i0 < ROPE_FREQ_CHUNK ? half - i0 : ROPE_FREQ_CHUNK;                                        \
+        for (int64_t i = 0; i < n; i++) {                                                                             \
+          double f = 1.0 / pow(theta, (double)(2 * (i0 + i)) / (double)head_dim);                                     \
+          if (scale_factor > 1.0)                                                                                     \
+            f = rope_scaled_freq(f, scale_factor, low_freq_factor, high_freq_factor, (double)original_max_seq);       \
+          freq[i] = f;                                                                                                \
+        }                                                                                                             \
+        _Pragma("omp for schedule(static)") for (int64_t p = 0; p < max_seq; p++) {                                   \
+          for (int64_t i = 0; i < n; i++) {                                                                           \
+            double angle = (double)p * freq[i];                                                                       \
+            cs[p * half + i0 + i] = (T)cos(angle);                                                                    \
+            sn[p * half + i0 + i] = (T)sin(angle);                                                                    \
+          }                                                                                                           \
+        }                                                                                                             \
+      }                                                                                                               \
+    }                                                                                                                 \
   }
 
 /* One head: y[2i] = x[2i] c - x[2i+1] s, y[2i+1] = x[2i] s + x[2i+1] c, with
  * s negated for the inverse. The in-place variant takes a single pointer so
  * the compiler sees the distance-0 dependence and vectorizes without an
  * aliasing check that would fail at run time. */
-#define DEF_ROPE(T, SFX)                                                                                       \
-  static inline void rope_head_##SFX(const T *restrict x, T *restrict y, const T *restrict c,                  \
-                                     const T *restrict s, T sg, int64_t half) {                                \
-    for (int64_t i = 0; i < half; i++) {                                                                       \
-      T a = x[2 * i], b = x[2 * i + 1], si = sg * s[i];                                                        \
-      y[2 * i] = a * c[i] - b * si;                                                                            \
-      y[2 * i + 1] = a * si + b * c[i];                                                                        \
-    }                                                                                                          \
-  }                                                                                                            \
-  static inline void rope_head_inplace_##SFX(T *restrict x, const T *restrict c, const T *restrict s, T sg,    \
-                                             int64_t half) {                                                   \
-    for (int64_t i = 0; i < half; i++) {                                                                       \
-      T a = x[2 * i], b = x[2 * i + 1], si = sg * s[i];                                                        \
-      x[2 * i] = a * c[i] - b * si;                                                                            \
-      x[2 * i + 1] = a * si + b * c[i];                                                                        \
-    }                                                                                                          \
-  }                                                                                                            \
-  static void rope_##SFX(int64_t B, int64_t T_, int64_t H, int64_t D, const T *x, const T *cs, const T *sn,    \
-                         int64_t pos_offset, int inverse, T *y) {                                              \
-    int64_t half = D / 2;                                                                                      \
-    T sg = inverse ? (T)-1 : (T)1;                                                                             \
-    int par = B * T_ * H * D >= ROPE_PAR_MIN;                                                                  \
-    _Pragma("omp parallel for schedule(static) if (par)") for (int64_t bt = 0; bt < B * T_; bt++) {            \
-      int64_t pos = pos_offset + bt % T_;                                                                      \
-      const T *c = cs + pos * half, *s = sn + pos * half;                                                      \
-      for (int64_t h = 0; h < H; h++) {                                                                        \
-        int64_t off = (bt * H + h) * D;                                                                        \
-        if (x == y)                                                                                            \
-          rope_head_inplace_##SFX(y + off, c, s, sg, half);                                                    \
-        else                                                                                                   \
-          rope_head_##SFX(x + off, y + off, c, s, sg, half);                                                   \
-      }                                                                                                        \
-    }                                                                                                          \
+#define DEF_ROPE(T, SFX)                                                                                              \
+  static inline void rope_head_##SFX(const T *restrict x, T *restrict y, const T *restrict c,                         \
+                                     const T *restrict s, T sg, int64_t half) {                                       \
+    for (int64_t i = 0; i < half; i++) {                                                                              \
+      T a = x[2 * i], b = x[2 * i + 1], si = sg * s[i];                                                               \
+      y[2 * i] = a * c[i] - b * si;                                                                                   \
+      y[2 * i + 1] = a * si + b * c[i];                                                                               \
+    }                                                                                                                 \
+  }                                                                                                                   \
+  static inline void rope_head_inplace_##SFX(T *restrict x, const T *restrict c, const T *restrict s, T sg,           \
+                                             int64_t half) {                                                          \
+    for (int64_t i = 0; i < half; i++) {                                                                              \
+      T a = x[2 * i], b = x[2 * i + 1], si = sg * s[i];                                                               \
+      x[2 * i] = a * c[i] - b * si;                                                                                   \
+      x[2 * i + 1] = a * si + b * c[i];                                                                               \
+    }                                                                                                                 \
+  }                                                                                                                   \
+  static void rope_##SFX(int64_t B, int64_t T_, int64_t H, int64_t D, const T *x, const T *cs, const T *sn,           \
+                         int64_t pos_offset, int inverse, T *y) {                                                     \
+    int64_t half = D / 2;                                                                                             \
+    T sg = inverse ? (T)-1 : (T)1;                                                                                    \
+    int par = B * T_ > 1 && B * T_ * H * D >= ROPE_PAR_MIN;                                                           \
+    _Pragma("omp parallel for schedule(static) if (par)") for (int64_t bt = 0; bt < B * T_; bt++) {                   \
+      int64_t pos = pos_offset + bt % T_;                                                                             \
+      const T *c = cs + pos * half, *s = sn + pos * half;                                                             \
+      for (int64_t h = 0; h < H; h++) {                                                                               \
+        int64_t off = (bt * H + h) * D;                                                                               \
+        if (x == y)                                                                                                   \
+          rope_head_inplace_##SFX(y + off, c, s, sg, half);                                                           \
+        else                                                                                                          \
+          rope_head_##SFX(x + off, y + off, c, s, sg, half);                                                          \
+      }                                                                                                               \
+    }                                                                                                                 \
   }
 
 DEF_ROPE_TABLE(float, f32)

@@ -4,6 +4,7 @@
  * gradients in f64.
  */
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "cpu/cpu.h"
@@ -98,6 +99,16 @@ static void check_extremes(void) {
   CHECK(max_rel(db, rdb, n, 1e-36) < 2e-6, "f32 extremes db err %g", max_rel(db, rdb, n, 1e-36));
 }
 
+/* A NaN input yields NaN outputs (the vectorized exp must not swallow it). */
+static void check_nan(void) {
+  float a[20], b[20], y[20], da[20], db[20];
+  for (int i = 0; i < 20; i++) a[i] = b[i] = 1.0f;
+  a[17] = NAN;
+  tt_cpu_swiglu(TT_F32, 20, a, b, y);
+  tt_cpu_swiglu_backward(TT_F32, 20, a, b, b, da, db);
+  CHECK(isnan(y[17]) && isnan(da[17]) && isnan(db[17]) && !isnan(y[16]), "NaN propagates");
+}
+
 /* L = sum(g * swiglu(a, b)); backward with dy = g against central differences. */
 static void check_gradient(int64_t n) {
   double *a = dalloc(n), *b = dalloc(n), *g = dalloc(n), *y = dalloc(n), *da = dalloc(n), *db = dalloc(n);
@@ -138,6 +149,29 @@ static void check_in_place(void) {
   free(a); free(b); free(y);
 }
 
+/* Bit-identical results with 1, 2 and 3 threads (an odd n on the parallel path). */
+static void check_determinism(void) {
+  const int64_t n = 300007;
+  float *a = falloc(n), *b = falloc(n), *dy = falloc(n), *out[3][3];
+  tt_test_fill_f32(a, n, 8.0);
+  tt_test_fill_f32(b, n, 1.0);
+  tt_test_fill_f32(dy, n, 1.0);
+  int saved = omp_get_max_threads();
+  for (int k = 0; k < 3; k++) {
+    for (int m = 0; m < 3; m++) out[k][m] = falloc(n);
+    omp_set_num_threads(k + 1);
+    tt_cpu_swiglu(TT_F32, n, a, b, out[k][0]);
+    tt_cpu_swiglu_backward(TT_F32, n, a, b, dy, out[k][1], out[k][2]);
+  }
+  omp_set_num_threads(saved);
+  for (int k = 1; k < 3; k++)
+    for (int m = 0; m < 3; m++)
+      CHECK(!memcmp(out[0][m], out[k][m], n * sizeof(float)), "output %d differs with %d threads", m, k + 1);
+  for (int k = 0; k < 3; k++)
+    for (int m = 0; m < 3; m++) free(out[k][m]);
+  free(a); free(b); free(dy);
+}
+
 int main(void) {
   const int64_t ns[] = {1, 3, 17, 256, 768, 1001, 200003};
   for (int k = 0; k < 7; k++) {
@@ -146,9 +180,11 @@ int main(void) {
   }
   check_values(100000, 120.0); /* well past where f32 exp(-a) overflows */
   check_extremes();
+  check_nan();
   check_gradient(1);
   check_gradient(17);
   check_in_place();
+  check_determinism();
   double z = 0;
   CHECK(tt_cpu_swiglu(TT_F16, 1, &z, &z, &z) == TT_ERR_DTYPE, "f16 refused");
   return tt_test_summary("test_act");

@@ -87,7 +87,8 @@ static void ref_add(int dtype, void *d, int64_t di, const void *s, int64_t si) {
     ((int64_t *)d)[di] = (int64_t)((uint64_t)((int64_t *)d)[di] + (uint64_t)((const int64_t *)s)[si]);
     break;
   case TT_BF16:
-    ((uint16_t *)d)[di] = tt_f32_to_bf16(tt_bf16_to_f32(((uint16_t *)d)[di]) + tt_bf16_to_f32(((const uint16_t *)s)[si]));
+    ((uint16_t *)d)[di] =
+        tt_f32_to_bf16(tt_bf16_to_f32(((uint16_t *)d)[di]) + tt_bf16_to_f32(((const uint16_t *)s)[si]));
     break;
   case TT_F16:
     ((uint16_t *)d)[di] = tt_f32_to_f16(tt_f16_to_f32(((uint16_t *)d)[di]) + tt_f16_to_f32(((const uint16_t *)s)[si]));
@@ -106,8 +107,8 @@ static void check_select(int dtype, int64_t outer, int64_t n_src, int64_t inner,
   for (int64_t j = 0; j < n_idx; j++) idx[j] = rand_index(n_src);
   for (int64_t o = 0; o < outer; o++)
     for (int64_t j = 0; j < n_idx; j++)
-      memcpy((char *)ref + (size_t)((o * n_idx + j) * inner) * es, (char *)src + (size_t)((o * n_src + idx[j]) * inner) * es,
-             (size_t)inner * es);
+      memcpy((char *)ref + (size_t)((o * n_idx + j) * inner) * es,
+             (char *)src + (size_t)((o * n_src + idx[j]) * inner) * es, (size_t)inner * es);
   memset(out, 0xff, (size_t)nout * es + 1); /* NaN for floats; the last byte is a guard */
   ((uint8_t *)out)[nout * (int64_t)es] = 0x5a;
   tt_status st = tt_cpu_index_select(dtype, outer, n_src, inner, src, n_idx, idx, out);

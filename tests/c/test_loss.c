@@ -4,6 +4,7 @@
  * backward by finite differences in f64.
  */
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "cpu/cpu.h"
@@ -132,6 +133,52 @@ static void check_peaked(void) {
   CHECK(loss[0] == 0 && fabsf(loss[1] - 2999) < 1e-3f && lse[0] == 3000, "peaked: loss %g %g lse %g", loss[0],
         loss[1], lse[0]);
   CHECK(dx[1] == 0 && dx[0] == 0 && dx[6] == 1 && dx[8] == -1, "peaked dlogits");
+  /* A NaN logit must surface as a NaN loss, not vanish in the vectorized exp. */
+  float xn[40];
+  for (int j = 0; j < 40; j++) xn[j] = (float)j * 0.1f;
+  xn[21] = NAN;
+  int64_t tn = 3;
+  tt_cpu_cross_entropy(TT_F32, 1, 40, xn, &tn, IGNORE, loss, lse);
+  CHECK(isnan(loss[0]), "NaN logit gives NaN loss (%g)", loss[0]);
+}
+
+/* dlogits written over the logits gives the same bits as a separate buffer. */
+static void check_in_place(void) {
+  const int64_t N = 9, V = 1000, n = N * V;
+  float *x = falloc(n), *dl = falloc(N), *loss = falloc(N), *lse = falloc(N), *dx = falloc(n);
+  int64_t *t = calloc((size_t)N, sizeof *t);
+  tt_test_fill_f32(x, n, 5.0);
+  tt_test_fill_f32(dl, N, 1.0);
+  make_targets(N, V, t);
+  tt_cpu_cross_entropy(TT_F32, N, V, x, t, IGNORE, loss, lse);
+  tt_cpu_cross_entropy_backward(TT_F32, N, V, x, t, lse, dl, IGNORE, dx);
+  tt_cpu_cross_entropy_backward(TT_F32, N, V, x, t, lse, dl, IGNORE, x);
+  CHECK(!memcmp(x, dx, n * sizeof(float)), "in-place dlogits match");
+  free(x); free(dl); free(loss); free(lse); free(dx); free(t);
+}
+
+/* Bit-identical results with 1, 2 and 3 threads on the parallel path. */
+static void check_determinism(void) {
+  const int64_t N = 37, V = 3001, n = N * V;
+  float *x = falloc(n), *dl = falloc(N), *loss[3], *lse[3], *dx[3];
+  int64_t *t = calloc((size_t)N, sizeof *t);
+  tt_test_fill_f32(x, n, 8.0);
+  tt_test_fill_f32(dl, N, 1.0);
+  make_targets(N, V, t);
+  int saved = omp_get_max_threads();
+  for (int k = 0; k < 3; k++) {
+    loss[k] = falloc(N); lse[k] = falloc(N); dx[k] = falloc(n);
+    omp_set_num_threads(k + 1);
+    tt_cpu_cross_entropy(TT_F32, N, V, x, t, IGNORE, loss[k], lse[k]);
+    tt_cpu_cross_entropy_backward(TT_F32, N, V, x, t, lse[k], dl, IGNORE, dx[k]);
+  }
+  omp_set_num_threads(saved);
+  for (int k = 1; k < 3; k++)
+    CHECK(!memcmp(loss[0], loss[k], N * sizeof(float)) && !memcmp(lse[0], lse[k], N * sizeof(float)) &&
+              !memcmp(dx[0], dx[k], n * sizeof(float)),
+          "results differ with %d threads", k + 1);
+  for (int k = 0; k < 3; k++) { free(loss[k]); free(lse[k]); free(dx[k]); }
+  free(x); free(dl); free(t);
 }
 
 int main(void) {
@@ -143,6 +190,8 @@ int main(void) {
     }
   check_values(40, 5000, 10.0, -50.0); /* parallel path */
   check_peaked();
+  check_determinism();
+  check_in_place();
   check_gradient(1, 1);
   check_gradient(3, 7);
   check_gradient(10, 11); /* ignored and out-of-range targets included */

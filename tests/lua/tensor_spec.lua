@@ -24,6 +24,9 @@ describe("tensors", function()
     local e5 = titan.tensor({ 1, 0.5, 57344, -3 }):to("float8_e5m2"):float():tolist()
     assert.are.same({ 1, 0.5, 57344, -3 }, e5)
     assert.are.equal("bfloat16", x:to("bfloat16"):dtype())
+    -- f16 subnormals (below 6.1e-5) round to multiples of 2^-24
+    local sub = titan.tensor({ 1e-5, 3e-8, 2 ^ -24, 2 ^ -25 }):to("float16"):float():tolist()
+    assert.are.same({ 168 * 2 ^ -24, 2 ^ -24, 2 ^ -24, 0 }, sub)
   end)
 
   it("views share storage; reshape copies only when it must", function()
