@@ -468,8 +468,17 @@ static tt_status tt_rng_fill(tt_tensor *t, int kind, uint64_t seed, uint64_t off
     return tt_error_set(TT_ERR_LAYOUT, "%s: tensor of shape %s must be contiguous", op,
                         tt_tensor_shape_str(t, sa, sizeof sa));
   const tt_kernels *be = tt_backend(t->device);
-  if (!be->rng) return tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented on %s yet", op, be->name);
-  return be->rng(kind, t->dtype, tt_tensor_numel(t), seed, offset, p0, p1, p2, p3, tt_tensor_data(t));
+  if (be->rng) return be->rng(kind, t->dtype, tt_tensor_numel(t), seed, offset, p0, p1, p2, p3, tt_tensor_data(t));
+  /* A backend without its own generator draws on the host and copies: the
+   * numbers are the same by construction (counter-based), only slower. */
+  tt_tensor *host = NULL;
+  tt_device cpu = {TT_CPU, 0};
+  tt_status st = tt_tensor_empty(t->ndim, t->shape, t->dtype, cpu, &host);
+  if (st == TT_OK) st = tt_kernels_cpu()->rng(kind, t->dtype, tt_tensor_numel(t), seed, offset, p0, p1, p2, p3,
+                                              tt_tensor_data(host));
+  if (st == TT_OK) st = tt_tensor_copy(t, host);
+  tt_tensor_release(host);
+  return st;
 }
 
 tt_status tt_rng_uniform(tt_tensor *t, uint64_t seed, uint64_t offset, double low, double high) {

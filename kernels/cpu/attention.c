@@ -326,6 +326,13 @@ F_INLINE __m512i f_iota(int c) {
 }
 F_INLINE int32_t f_clamp_lane(int64_t x) { return (int32_t)(x < -1 ? -1 : x > FB ? FB : x); }
 
+/* Ask for the D floats of a row ahead of use. Rows of one head are
+ * Hq*D or Hkv*D floats apart, a stride the hardware prefetchers follow
+ * badly, so each tile fetches the next tile's rows while it computes. */
+F_INLINE void f_prefetch_row(const float *row, int64_t D) {
+  for (int64_t d = 0; d < D; d += 16) _mm_prefetch((const char *)(row + d), _MM_HINT_T0);
+}
+
 /* Matmul core 1 — four rows times a transposed tile:
  *   acc[r][c] = sum_d rows[r][d] * tile[d][16c .. 16c+15].
  * Row values are broadcast; the tile (D x 64, lanes along its rows) is
@@ -486,12 +493,17 @@ static void f_fwd_block(const f_args *g, int64_t b, int64_t h, int64_t qb) {
       m[c] = mx[c];
       sum[c] = _mm512_setzero_ps();
     }
-    for (int64_t j = 0; j < nk; j++)
+    for (int64_t j = 0; j < nk; j++) {
+      if (k0 + FB + j < kend) {
+        f_prefetch_row(kbase + (k0 + FB + j) * kvstride, D);
+        f_prefetch_row(vbase + (k0 + FB + j) * kvstride, D);
+      }
       for (int c = 0; c < FV; c++) {
         const __m512 p = f_exp2(_mm512_sub_ps(_mm512_load_ps(st + j * FB + 16 * c), m[c]));
         _mm512_store_ps(st + j * FB + 16 * c, p);
         sum[c] = _mm512_add_ps(sum[c], p);
       }
+    }
     for (int c = 0; c < FV; c++) l[c] = _mm512_fmadd_ps(l[c], alpha[c], sum[c]);
     for (int64_t d0 = 0; d0 < D; d0 += 4) f_sum_rows(ot + d0 * FB, vbase + k0 * kvstride + d0, kvstride, nk, st, alpha);
   }
@@ -540,6 +552,13 @@ static void f_bwd_kv_block(const f_args *g, int64_t b, int64_t kvh, int64_t kb, 
       for (int64_t i = 0; i < nq; i += 4) {
         const float *rows[4];
         __m512 acc[4][FV];
+        for (int64_t r = i; r < i + 4 && t0 + FB + r < a->T; r++) {
+          const int64_t at = q_at(a, b, t0 + FB + r, h);
+          f_prefetch_row(g->q + at, D);
+          f_prefetch_row(g->dout + at, D);
+          f_prefetch_row(g->o + at, D);
+          if (with_dq) f_prefetch_row(g->dq + at, D);
+        }
         /* P = exp2(c * q.k - lse2), 0 where masked (and in lanes >= nk). */
         for (int r = 0; r < 4; r++) rows[r] = qrow0 + min64(i + r, nq - 1) * qstride;
         f_rows_x_tile(rows, kt, D, acc);
@@ -610,6 +629,10 @@ static void f_bwd_q_block(const f_args *g, int64_t b, int64_t h, int64_t qb) {
     for (int64_t j = 0; j < nk; j += 4) {
       const float *rows[4];
       __m512 acc[4][FV];
+      for (int64_t r = j; r < j + 4 && k0 + FB + r < kend; r++) {
+        f_prefetch_row(krow0 + (FB + r) * kvstride, D);
+        f_prefetch_row(vrow0 + (FB + r) * kvstride, D);
+      }
       for (int r = 0; r < 4; r++) rows[r] = krow0 + min64(j + r, nk - 1) * kvstride;
       f_rows_x_tile(rows, qt, D, acc);
       for (int r = 0; r < 4; r++) {
@@ -640,9 +663,10 @@ static void f_bwd_q_block(const f_args *g, int64_t b, int64_t h, int64_t qb) {
 static void f_forward(const f_args *g) {
   const att_dims *a = &g->a;
   const int64_t nqb = (a->T + FB - 1) / FB, bh = a->B * a->Hq;
-  /* Later query blocks see more keys (causal): hand them out first. */
+  /* Head by head, so the threads share that head's K and V in cache; later
+   * query blocks see more keys (causal), so they go out first. */
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t it = 0; it < nqb * bh; it++) f_fwd_block(g, (it % bh) / a->Hq, it % a->Hq, nqb - 1 - it / bh);
+  for (int64_t it = 0; it < nqb * bh; it++) f_fwd_block(g, it / nqb / a->Hq, it / nqb % a->Hq, nqb - 1 - it % nqb);
 }
 
 static void f_backward(const f_args *g) {
@@ -673,7 +697,7 @@ static void f_backward(const f_args *g) {
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t it = 0; it < nkb * bkv; it++) f_bwd_kv_block(g, (it % bkv) / a->Hkv, it % a->Hkv, it / bkv, 0);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < nqb * bh; it++) f_bwd_q_block(g, (it % bh) / a->Hq, it % a->Hq, nqb - 1 - it / bh);
+    for (int64_t it = 0; it < nqb * bh; it++) f_bwd_q_block(g, it / nqb / a->Hq, it / nqb % a->Hq, nqb - 1 - it % nqb);
   }
 }
 

@@ -33,7 +33,7 @@ end
 
 for _, name in ipairs({ "add", "sub", "mul", "div", "maximum", "minimum", "scale", "pow", "sum", "mean", "max",
   "norm", "argmax", "softmax", "log_softmax", "matmul", "cat", "stack", "index_select", "gather", "exp", "log",
-  "sqrt", "rsqrt", "silu", "gelu", "relu", "neg", "abs", "tanh", "sigmoid", "square" }) do
+  "sqrt", "rsqrt", "silu", "gelu", "relu", "neg", "abs", "tanh", "sigmoid", "square", "adamw_", "global_norm" }) do
   titan[name] = ops[name]
 end
 

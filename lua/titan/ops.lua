@@ -619,4 +619,25 @@ function Tensor:scatter_add_(dim, index, src)
   return self
 end
 
+-- ---- optimizer primitives (not recorded) ------------------------------
+
+-- One fused AdamW step on `param` (see tt_op_adamw): hp = {lr, betas =
+-- {b1, b2}, eps, weight_decay, step}; master (f32) optional for bf16 params.
+function M.adamw_(param, grad, exp_avg, exp_avg_sq, hp, master)
+  local b = hp.betas or { 0.9, 0.999 }
+  check(C.tt_op_adamw(cptr(param), cptr(grad), cptr(exp_avg), cptr(exp_avg_sq), master and cptr(master) or nil,
+    hp.lr, b[1], b[2], hp.eps or 1e-8, hp.weight_decay or 0, hp.step), 2)
+  return param
+end
+
+-- L2 norm over a list of tensors, accumulated in f64 in list order.
+local norm_out = ffi.new("double[1]")
+function M.global_norm(ts)
+  local n = #ts
+  local arr = ffi.new("tt_tensor*[?]", math.max(n, 1))
+  for i = 1, n do arr[i - 1] = cptr(ts[i]) end
+  check(C.tt_op_global_norm(n, arr, norm_out), 2)
+  return norm_out[0]
+end
+
 return M

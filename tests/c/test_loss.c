@@ -142,6 +142,27 @@ static void check_peaked(void) {
   CHECK(isnan(loss[0]), "NaN logit gives NaN loss (%g)", loss[0]);
 }
 
+/* A single logit far above the rest, at every position of the row (vector
+ * lanes and tail alike): exp(x - max) overflows unless the max is right. */
+static void check_peak_positions(void) {
+  const int64_t V = 37;
+  float lossf[37], lsef[37];
+  double lossd[37], lsed[37];
+  int64_t t[37];
+  static float xfs[37 * 37];
+  static double xds[37 * 37];
+  for (int64_t p = 0; p < V; p++) {
+    for (int64_t j = 0; j < V; j++) xfs[p * V + j] = (float)(xds[p * V + j] = j == p ? 500.0 : -1.0);
+    t[p] = (p + 1) % V;
+  }
+  tt_cpu_cross_entropy(TT_F32, V, V, xfs, t, IGNORE, lossf, lsef);
+  tt_cpu_cross_entropy(TT_F64, V, V, xds, t, IGNORE, lossd, lsed);
+  int ok = 1;
+  for (int64_t p = 0; p < V; p++)
+    ok &= lsef[p] == 500.0f && lossf[p] == 501.0f && lsed[p] == 500.0 && lossd[p] == 501.0;
+  CHECK(ok, "peak at every position");
+}
+
 /* dlogits written over the logits gives the same bits as a separate buffer. */
 static void check_in_place(void) {
   const int64_t N = 9, V = 1000, n = N * V;
@@ -190,6 +211,7 @@ int main(void) {
     }
   check_values(40, 5000, 10.0, -50.0); /* parallel path */
   check_peaked();
+  check_peak_positions();
   check_determinism();
   check_in_place();
   check_gradient(1, 1);

@@ -62,7 +62,7 @@ describe("cuda backend", function()
 
   it("device memory goes through the caching allocator with statistics", function()
     local s0 = titan.memory_stats("cuda:0")
-    local t = titan.empty({ 1 << 20 }, { device = "cuda" })
+    local t = titan.empty({ 2 ^ 20 }, { device = "cuda" })
     local s1 = titan.memory_stats("cuda:0")
     assert.truthy(s1.allocated - s0.allocated >= 4 * 2 ^ 20)
     t:free()

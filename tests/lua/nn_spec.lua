@@ -132,3 +132,41 @@ describe("nn", function()
     assert.is_true(ok)
   end)
 end)
+
+describe("optimizer primitives", function()
+  it("adamw_ follows torch.optim.AdamW's arithmetic (reference in double)", function()
+    local p0 = { 0.5, -1.25, 2.0, 0.0 }
+    local grads = { { 0.1, -0.2, 0.3, -0.4 }, { -0.05, 0.5, 0.25, 1.0 }, { 0.2, 0.2, -0.1, 0.0 } }
+    local lr, b1, b2, eps, wd = 1e-2, 0.9, 0.95, 1e-8, 0.1
+    local p = titan.tensor(p0)
+    local m, v = titan.zeros(4), titan.zeros(4)
+    local rp, rm, rv = { unpack(p0) }, { 0, 0, 0, 0 }, { 0, 0, 0, 0 }
+    for step, g in ipairs(grads) do
+      titan.adamw_(p, titan.tensor(g), m, v, { lr = lr, betas = { b1, b2 }, eps = eps, weight_decay = wd, step = step })
+      for i = 1, 4 do
+        rp[i] = rp[i] * (1 - lr * wd)
+        rm[i] = b1 * rm[i] + (1 - b1) * g[i]
+        rv[i] = b2 * rv[i] + (1 - b2) * g[i] * g[i]
+        local bc1, bc2 = 1 - b1 ^ step, 1 - b2 ^ step
+        rp[i] = rp[i] - lr / bc1 * rm[i] / (math.sqrt(rv[i]) / math.sqrt(bc2) + eps)
+      end
+    end
+    local got = p:tolist()
+    for i = 1, 4 do assert(math.abs(got[i] - rp[i]) < 1e-6, ("param %d: %g vs %g"):format(i, got[i], rp[i])) end
+  end)
+
+  it("adamw_ with f32 master weights for a bf16 parameter", function()
+    local master = titan.tensor({ 1.001, -2.003 })
+    local p = master:to("bfloat16")
+    local m, v = titan.zeros(2), titan.zeros(2)
+    titan.adamw_(p, titan.tensor({ 0.5, -0.5 }), m, v, { lr = 1e-3, step = 1 }, master)
+    assert.are.same(master:to("bfloat16"):float():tolist(), p:float():tolist())
+    assert.truthy(math.abs(master:tolist()[1] - (1.001 - 1e-3)) < 1e-6)
+  end)
+
+  it("global_norm over many tensors", function()
+    local a, b = titan.tensor({ 3, 4 }), titan.tensor({ { 12 } }, { dtype = "float64" })
+    assert.are.equal(13, titan.global_norm({ a, b }))
+    assert.are.equal(0, titan.global_norm({}))
+  end)
+end)
