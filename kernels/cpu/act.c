@@ -11,35 +11,10 @@
 #include <stdint.h>
 
 #include "cpu.h"
+#include "vmath.h"
 
 #define ACT_PAR_MIN 65536
 
-/* exp for f32: Cody-Waite reduction x = n ln2 + r, the Cephes degree-7
- * polynomial for e^r, and 2^n applied as two exponent-bit factors so that
- * subnormal results and overflow to inf come out right. Within ~1 ulp
- * (checked against exp() over every float in [-110, 90]). Branch-free, so
- * loops calling it vectorize (same function as in loss.c). */
-static inline float act_expf(float x) {
-  /* Below -104 the result rounds to 0, above 89 to inf; NaN is parked at
-   * -104 so the int conversion stays defined, and passed through at the end. */
-  float xc = x > -104.0f ? x : -104.0f;
-  xc = xc < 89.0f ? xc : 89.0f;
-  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
-  float r = fmaf(n, -0.693359375f, xc);
-  r = fmaf(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = fmaf(p, r, 1.3981999507e-3f);
-  p = fmaf(p, r, 8.3334519073e-3f);
-  p = fmaf(p, r, 4.1665795894e-2f);
-  p = fmaf(p, r, 1.6666665459e-1f);
-  p = fmaf(p, r, 5.0000001201e-1f);
-  p = fmaf(p * r, r, r) + 1.0f;
-  int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1; /* each half keeps 2^k normal */
-  union { uint32_t u; float f; } s1, s2;
-  s1.u = (uint32_t)(n1 + 127) << 23;
-  s2.u = (uint32_t)(n2 + 127) << 23;
-  return x == x ? p * s1.f * s2.f : x;
-}
 
 /* Threads take whole blocks of ACT_BLOCK elements (a multiple of the vector
  * width), so an element lands in the same place of a vector loop (body or
@@ -78,7 +53,7 @@ static inline float act_expf(float x) {
     }                                                                                                                 \
   }
 
-DEF_SWIGLU(float, f32, act_expf)
+DEF_SWIGLU(float, f32, tt_expf)
 DEF_SWIGLU(double, f64, exp)
 
 tt_status tt_cpu_swiglu(int dtype, int64_t n, const void *a, const void *b, void *y) {

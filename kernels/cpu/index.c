@@ -16,12 +16,8 @@
  * the tiling or thread count: the serial loop's exact bits.
  */
 
-/* a*b+c is never contracted: bf16/f16 adds round exactly as written. */
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+/* a*b+c is never contracted (-ffp-contract=off): bf16/f16 adds round
+ * exactly as written. */
 
 #include <stdint.h>
 #include <string.h>

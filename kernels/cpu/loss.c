@@ -12,36 +12,10 @@
 #include <stdint.h>
 
 #include "cpu.h"
+#include "vmath.h"
 
 #define LOSS_PAR_MIN 32768
 
-/* exp for f32: Cody-Waite reduction x = n ln2 + r, the Cephes degree-7
- * polynomial for e^r, and 2^n applied as two exponent-bit factors so that
- * subnormal results and overflow to inf come out right. Within ~1 ulp
- * (checked against exp() over every float in [-110, 90]). Branch-free, so
- * loops calling it vectorize, where glibc's expf is a scalar call unless
- * -ffast-math (same function as in act.c). */
-static inline float loss_expf(float x) {
-  /* Below -104 the result rounds to 0, above 89 to inf; NaN is parked at
-   * -104 so the int conversion stays defined, and passed through at the end. */
-  float xc = x > -104.0f ? x : -104.0f;
-  xc = xc < 89.0f ? xc : 89.0f;
-  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
-  float r = fmaf(n, -0.693359375f, xc);
-  r = fmaf(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = fmaf(p, r, 1.3981999507e-3f);
-  p = fmaf(p, r, 8.3334519073e-3f);
-  p = fmaf(p, r, 4.1665795894e-2f);
-  p = fmaf(p, r, 1.6666665459e-1f);
-  p = fmaf(p, r, 5.0000001201e-1f);
-  p = fmaf(p * r, r, r) + 1.0f;
-  int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1; /* each half keeps 2^k normal */
-  union { uint32_t u; float f; } s1, s2;
-  s1.u = (uint32_t)(n1 + 127) << 23;
-  s2.u = (uint32_t)(n2 + 127) << 23;
-  return x == x ? p * s1.f * s2.f : x;
-}
 
 /* A target outside [0, V) cannot reach here (ops.c validates), but reading
  * logits[t] for one would be out of bounds: such rows count as ignored. */
@@ -49,13 +23,13 @@ static inline int loss_ignored(int64_t t, int64_t V, int64_t ignore_index) {
   return t == ignore_index || t < 0 || t >= V;
 }
 
-/* The two loops that call exp, per dtype: f32 vectorizes through loss_expf
+/* The two loops that call exp, per dtype: f32 vectorizes through tt_expf
  * (omp simd lets the sum be split into vector lanes, a fixed order for a
  * given build); f64 exists for gradient checks and calls libm serially. */
 static inline double sum_exp_f32(const float *x, int64_t V, float m) {
   double s = 0;
 #pragma omp simd reduction(+ : s)
-  for (int64_t j = 0; j < V; j++) s += (double)loss_expf(x[j] - m);
+  for (int64_t j = 0; j < V; j++) s += (double)tt_expf(x[j] - m);
   return s;
 }
 static inline double sum_exp_f64(const double *x, int64_t V, double m) {
@@ -66,7 +40,7 @@ static inline double sum_exp_f64(const double *x, int64_t V, double m) {
 /* dx = g * exp(x - l); dx may be x itself (each element is read, then written). */
 static inline void scaled_exp_f32(const float *x, int64_t V, float l, float g, float *dx) {
 #pragma omp simd
-  for (int64_t j = 0; j < V; j++) dx[j] = g * loss_expf(x[j] - l);
+  for (int64_t j = 0; j < V; j++) dx[j] = g * tt_expf(x[j] - l);
 }
 static inline void scaled_exp_f64(const double *x, int64_t V, double l, double g, double *dx) {
   for (int64_t j = 0; j < V; j++) dx[j] = g * exp(x[j] - l);

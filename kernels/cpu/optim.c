@@ -36,13 +36,8 @@
  *  - grad of any of f32/f64/bf16/f16 is converted to the compute type first.
  */
 
-/* Only the fused multiply-adds written as fma() may be fused: the compiler
- * must not contract the others, or we would no longer round as ATen does. */
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+/* Only the fused multiply-adds written as fma() are fused: the build passes
+ * -ffp-contract=off, or we would no longer round as ATen does. */
 
 #include <math.h>
 #include <stdint.h>

@@ -6,12 +6,8 @@
  * bit against an f32 emulation of torch.optim.AdamW(foreach=False)'s ops.
  */
 
-/* The emulation below must round exactly as written (see kernels/cpu/optim.c). */
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+/* The emulation below must round exactly as written: the build passes
+ * -ffp-contract=off (see kernels/cpu/optim.c). */
 
 #include <stdlib.h>
 #include <string.h>
