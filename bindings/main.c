@@ -125,6 +125,15 @@ static void tt_setup(lua_State *L, int argc, char **argv, int script_index) {
   lua_setglobal(L, "arg");
 }
 
+/* Subcommands implemented in Lua: a file lua/titan/cli/<name>.lua. */
+static int tt_lua_command(const char *name) {
+  for (const char *p = name; *p; p++)
+    if (!((*p >= 'a' && *p <= 'z') || *p == '_')) return 0;
+  char path[PATH_MAX + 64];
+  snprintf(path, sizeof path, "%s/lua/titan/cli/%s.lua", tt_root, name);
+  return access(path, R_OK) == 0;
+}
+
 static int tt_run_string(lua_State *L, const char *code, const char *name) {
   int st = luaL_loadbuffer(L, code, strlen(code), name);
   if (st == 0) st = tt_pcall(L, 0);
@@ -177,6 +186,18 @@ int main(int argc, char **argv) {
   } else if (!strcmp(argv[1], "repl")) {
     tt_setup(L, argc, argv, 1);
     st = tt_run_string(L, "require('titan.repl').run()", "=repl");
+  } else if (tt_lua_command(argv[1])) {
+    /* titan tokenizer|data|generate|ckpt ...: commands written in Lua
+     * (lua/titan/cli/<name>.lua), arg[1..] = the rest of the line. */
+    tt_setup(L, argc, argv, 1);
+    char code[256];
+    snprintf(code, sizeof code, "return require('titan.cli.%s').main(...)", argv[1]);
+    st = luaL_loadbuffer(L, code, strlen(code), "=titan");
+    if (st == 0) {
+      for (int i = 2; i < argc; i++) lua_pushstring(L, argv[i]);
+      st = tt_pcall(L, argc - 2);
+    }
+    st = tt_report(L, st);
   } else if (!strcmp(argv[1], "busted")) {
     tt_setup(L, argc, argv, 1);
     st = tt_run_string(L, "require('busted.runner')({ standalone = false })", "=busted");

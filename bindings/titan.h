@@ -264,6 +264,12 @@ tt_status tt_op_adamw(tt_tensor *param, const tt_tensor *grad, tt_tensor *m, tt_
 /* sqrt(sum over tensors of sum(x^2)), accumulated in f64 in a fixed order. */
 tt_status tt_op_global_norm(int n, tt_tensor *const *ts, double *out);
 
+/* ---- tokenizer (engine/tokenizer.c) ------------------------------------- */
+/* TT_SECTION_TOKENIZER */
+
+/* ---- token datasets (engine/dataset.c) ----------------------------------- */
+/* TT_SECTION_DATA */
+
 /* TT_CDEF_END */
 
 #ifdef __cplusplus

@@ -8,8 +8,9 @@
  * and lse = -inf.
  *
  * Nothing here allocates, and no T x S matrix ever exists. The work is cut
- * into tiles of 64 queries x 64 keys that live on the stack (about 300 KiB
- * per thread at head_dim 256, much less at small head dims):
+ * into tiles of 64 queries x 64 keys that live on the stack (at most about
+ * 290 KiB per thread, in the backward's pass 1 at head_dim 256; the tiles
+ * are sized for 256 whatever the head dim):
  *
  * Forward (flash-attention style): one task per (batch, head, block of 64
  * queries). It walks the key blocks left to right keeping, per query, the
@@ -36,17 +37,23 @@
  * used instead: one task per group walks all key blocks with pass 1's code
  * and also adds each tile's dS K into dq, which that task alone owns. Both
  * schedules perform, per output element, the same floating-point operations
- * in the same order (the fused pass only keeps the partial dq in memory
- * instead of a stack tile), so the choice — which depends on the thread
- * count — never changes a bit of the result.
+ * in the same order (only where the partial dq waits differs: a stack tile
+ * in pass 2, dq itself in the fused pass), so the choice — which depends on
+ * the thread count — never changes a bit of the result.
  *
  * Two implementations share this plan:
- *  - f32 with AVX-512 and head_dim a multiple of 16 (the fast path). Tiles
- *    put 16 queries (or keys) in the lanes of a vector, so the softmax
- *    bookkeeping is plain vertical vector math, and every matmul is a 4x4
- *    block of vector accumulators fed by broadcasts (register blocking:
- *    each loaded vector serves 4 FMAs). exp is a degree-5 polynomial in
- *    base 2 (scores are pre-multiplied by log2(e)), accurate to ~1e-7.
+ *  - f32 with AVX-512 (F and DQ) and head_dim a multiple of 16: the fast
+ *    path. Tiles put 16 queries (or keys) in the lanes of a vector, so the
+ *    softmax bookkeeping is plain vertical vector math with no horizontal
+ *    reductions, and every matmul is a 4x4 block of vector accumulators fed
+ *    by broadcasts (register blocking: each loaded vector serves 4 FMAs).
+ *    The forward and pass 2 put queries in lanes (Q is turned once per
+ *    block, K and V rows are read in place); pass 1 puts keys in lanes (K
+ *    and V turned once per key block, Q and dO rows read in place). exp is
+ *    a degree-5 polynomial in base 2 (scores are pre-multiplied by
+ *    log2(e)), accurate to ~1e-7. Rows of one head are Hq*D floats apart,
+ *    which the hardware prefetchers follow badly, so each tile prefetches
+ *    the rows the next tile will read.
  *  - everything else (f64 for gradient checks, odd head dims, builds
  *    without AVX-512): the same tiling on double tiles with libm exp, clear
  *    rather than fast. It always uses the two-pass backward.
@@ -57,7 +64,8 @@
 
 #include "cpu.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#define ATT_AVX512 1
 #include <immintrin.h>
 #endif
 
@@ -286,7 +294,7 @@ static void g_backward(const att_dims *a, int dt, const void *q, const void *k, 
 /* ======================================================================== */
 /* Fast path: f32, AVX-512, head_dim a multiple of 16.                       */
 /* ======================================================================== */
-#if defined(__AVX512F__)
+#if defined(ATT_AVX512)
 
 #define FB 64 /* queries and keys per tile */
 #define FV 4  /* 16-float vectors per tile row */
@@ -304,19 +312,20 @@ typedef struct {
   float scale;
 } f_args;
 
-/* 2^x for x <= ~0: x = n + f with n integer and |f| <= 1/2, 2^f from a
- * minimax polynomial (relative error 7.5e-8), 2^n through scalef, which
- * flushes to 0 for very negative n. NaN for x = +inf (masked off later). */
+/* 2^x for x <= ~0. x = floor(x) + f with f in [0, 1) (vreduceps); 2^f from
+ * a degree-5 minimax polynomial with p(0) = 1 exactly, so a running maximum
+ * that does not move rescales by exactly 1 (relative error 8.2e-8); then
+ * vscalefps multiplies by 2^floor(x) itself, flushing to 0 for very negative
+ * x. Seven vector operations. NaN for x = +inf (always masked off later). */
 F_INLINE __m512 f_exp2(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(0.0013276471979478776f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.00967554133421605f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.05550713273542586f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022119723848476f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931469670647331f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000000716546822f));
-  return _mm512_scalef_ps(p, n);
+  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 p = _mm512_set1_ps(0.0018671300699122932f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.009017030322326125f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.05579991310386636f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24016445015503726f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931513118046069f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, x);
 }
 
 /* Lane numbers 16c .. 16c+15 of tile column vector c. */
@@ -326,9 +335,8 @@ F_INLINE __m512i f_iota(int c) {
 }
 F_INLINE int32_t f_clamp_lane(int64_t x) { return (int32_t)(x < -1 ? -1 : x > FB ? FB : x); }
 
-/* Ask for the D floats of a row ahead of use. Rows of one head are
- * Hq*D or Hkv*D floats apart, a stride the hardware prefetchers follow
- * badly, so each tile fetches the next tile's rows while it computes. */
+/* Asks for the D floats of a row that the next tile will read (see the
+ * header: strided rows defeat the hardware prefetchers). */
 F_INLINE void f_prefetch_row(const float *row, int64_t D) {
   for (int64_t d = 0; d < D; d += 16) _mm_prefetch((const char *)(row + d), _MM_HINT_T0);
 }
@@ -420,14 +428,61 @@ static void f_dq_rows(float *dq, int64_t qstride, int64_t nq, const float *ds, c
   }
 }
 
-/* tile[d][i] = mul * src_i[d] for i < n (src_i = src + i * stride), 0 for
- * the padding rows n .. 63: a block of rows turned so rows lie in lanes. */
-static void f_pack_transposed(const float *src, int64_t stride, int64_t n, int64_t D, float mul, float *tile) {
-  for (int64_t i = 0; i < FB; i++) {
-    const float *s = src + min64(i, n - 1) * stride;
-    const float m = i < n ? mul : 0.0f;
-    for (int64_t d = 0; d < D; d++) tile[d * FB + i] = s[d] * m;
+/* Turns 16 vectors of 16 floats around: r[i] lane j <-> r[j] lane i. Three
+ * rounds of shuffles (pairs of floats, quads, 128-bit lanes). */
+F_INLINE void f_transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
   }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee);
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+  }
+  for (int i = 0; i < 4; i++) {
+    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 8; i++) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
+/* A block of n <= 64 rows (row i at src + i * stride) turned so rows lie in
+ * lanes: tile[d][i] = mul * row_i[d], zero for the padding rows n .. 63. */
+static void f_pack_transposed(const float *src, int64_t stride, int64_t n, int64_t D, float mul, float *tile) {
+  const __m512 m = _mm512_set1_ps(mul);
+  for (int64_t i0 = 0; i0 < FB; i0 += 16)
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+      __m512 r[16];
+      for (int64_t i = 0; i < 16; i++)
+        r[i] = i0 + i < n ? _mm512_mul_ps(_mm512_loadu_ps(src + (i0 + i) * stride + d0), m) : _mm512_setzero_ps();
+      f_transpose16(r);
+      for (int64_t d = 0; d < 16; d++) _mm512_store_ps(tile + (d0 + d) * FB + i0, r[d]);
+    }
+}
+
+/* The way back, for the first n rows: row_i[d] = tile[d][i] * mul * lane[i]
+ * (lane may be NULL). */
+static void f_unpack_transposed(const float *tile, const float *lane, float mul, int64_t n, int64_t D, float *dst,
+                                int64_t stride) {
+  const __m512 m = _mm512_set1_ps(mul);
+  for (int64_t i0 = 0; i0 < n; i0 += 16)
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+      __m512 r[16];
+      for (int64_t d = 0; d < 16; d++) {
+        r[d] = _mm512_mul_ps(_mm512_load_ps(tile + (d0 + d) * FB + i0), m);
+        if (lane) r[d] = _mm512_mul_ps(r[d], _mm512_load_ps(lane + i0));
+      }
+      f_transpose16(r);
+      for (int64_t i = 0; i < 16 && i0 + i < n; i++) _mm512_storeu_ps(dst + (i0 + i) * stride + d0, r[i]);
+    }
 }
 
 /* lse in base 2 and Di = rowsum(dO * O) for the 64 rows of a query block;
@@ -511,18 +566,13 @@ static void f_fwd_block(const f_args *g, int64_t b, int64_t h, int64_t qb) {
     _mm512_store_ps(mf + 16 * c, m[c]);
     _mm512_store_ps(lf + 16 * c, l[c]);
   }
-  for (int64_t i = 0; i < nq; i++) {
-    float *orow = g->out + q_at(a, b, t0 + i, h);
-    float *lse = g->lse_out + lse_at(a, b, h, t0 + i);
-    if (key_end(a, t0 + i) == 0) { /* sees no key */
-      memset(orow, 0, sizeof(float) * (size_t)D);
-      *lse = -INFINITY;
-      continue;
-    }
-    const float inv = 1.0f / lf[i];
-    for (int64_t d = 0; d < D; d++) orow[d] = ot[d * FB + i] * inv;
-    *lse = (float)(((double)mf[i] + log2((double)lf[i])) * ATT_LN2);
+  for (int64_t i = 0; i < FB; i++) {
+    const int seen = i < nq && key_end(a, t0 + i) > 0;
+    if (i < nq)
+      g->lse_out[lse_at(a, b, h, t0 + i)] = seen ? (float)(((double)mf[i] + log2((double)lf[i])) * ATT_LN2) : -INFINITY;
+    lf[i] = seen ? 1.0f / lf[i] : 0.0f; /* a row that sees no key gets o = 0 */
   }
+  f_unpack_transposed(ot, lf, 1.0f, nq, D, g->out + q_at(a, b, t0, h), qstride);
 }
 
 /* Pass 1 (and the fused pass when with_dq): the key block kb of kv head kvh.
@@ -592,13 +642,8 @@ static void f_bwd_kv_block(const f_args *g, int64_t b, int64_t kvh, int64_t kb, 
       if (with_dq) f_dq_rows(g->dq + q_at(a, b, t0, h), qstride, nq, ds, krow0, kvstride, nk, D);
     }
   }
-  for (int64_t j = 0; j < nk; j++) {
-    float *dkr = g->dk + kv_at(a, b, k0 + j, kvh), *dvr = g->dv + kv_at(a, b, k0 + j, kvh);
-    for (int64_t d = 0; d < D; d++) {
-      dkr[d] = dkt[d * FB + j] * g->scale;
-      dvr[d] = dvt[d * FB + j];
-    }
-  }
+  f_unpack_transposed(dkt, NULL, g->scale, nk, D, g->dk + kv_at(a, b, k0, kvh), kvstride);
+  f_unpack_transposed(dvt, NULL, 1.0f, nk, D, g->dv + kv_at(a, b, k0, kvh), kvstride);
 }
 
 /* Pass 2: dQ of query block qb of head h. Queries in lanes, as in the
@@ -654,10 +699,7 @@ static void f_bwd_q_block(const f_args *g, int64_t b, int64_t h, int64_t qb) {
     }
     for (int64_t d0 = 0; d0 < D; d0 += 4) f_sum_rows(dqt + d0 * FB, krow0 + d0, kvstride, nk, dst, NULL);
   }
-  for (int64_t i = 0; i < nq; i++) {
-    float *dqr = g->dq + q_at(a, b, t0 + i, h);
-    for (int64_t d = 0; d < D; d++) dqr[d] = dqt[d * FB + i] * g->scale;
-  }
+  f_unpack_transposed(dqt, NULL, g->scale, nq, D, g->dq + q_at(a, b, t0, h), qstride);
 }
 
 static void f_forward(const f_args *g) {
@@ -701,12 +743,12 @@ static void f_backward(const f_args *g) {
   }
 }
 
-#endif /* __AVX512F__ */
+#endif /* ATT_AVX512 */
 
 /* ======================================================================== */
 
 static int use_fast_path(int dtype, int64_t D) {
-#if defined(__AVX512F__)
+#if defined(ATT_AVX512)
   return dtype == TT_F32 && D > 0 && D % 16 == 0 && D <= ATT_DMAX;
 #else
   (void)dtype;
@@ -722,7 +764,7 @@ tt_status tt_cpu_attention(int dtype, int64_t B, int64_t T, int64_t S, int64_t H
   if (B <= 0 || T <= 0 || Hq <= 0 || Hkv <= 0) return TT_OK;
   const att_dims a = {B, T, S, Hq, Hkv, D, Hq / Hkv, S - T, causal != 0, scale};
   if (use_fast_path(dtype, D)) {
-#if defined(__AVX512F__)
+#if defined(ATT_AVX512)
     const f_args g = {a, q, k, v, NULL, NULL, NULL, o, lse, NULL, NULL, NULL,
                       (float)(scale * ATT_LOG2E), (float)scale};
     f_forward(&g);
@@ -741,7 +783,7 @@ tt_status tt_cpu_attention_backward(int dtype, int64_t B, int64_t T, int64_t S, 
   if (B <= 0 || Hq <= 0 || Hkv <= 0) return TT_OK;
   const att_dims a = {B, T, S, Hq, Hkv, D, Hq / Hkv, S - T, causal != 0, scale};
   if (use_fast_path(dtype, D)) {
-#if defined(__AVX512F__)
+#if defined(ATT_AVX512)
     const f_args g = {a, q, k, v, o, lse, dout, NULL, NULL, dq, dk, dv, (float)(scale * ATT_LOG2E), (float)scale};
     f_backward(&g);
 #endif
