@@ -1,0 +1,210 @@
+-- llama3.lua — the Llama 3 decoder, written for one device (TorchTitan's
+-- layout and parameter names). Parallelism is applied to it from outside.
+--
+--   tok_embeddings -> layers.N { attention_norm -> attention (GQA + RoPE) -> +x ;
+--                                ffn_norm -> feed_forward (SwiGLU) -> +h } -> norm -> output
+local titan = require("titan")
+local nn, F = titan.nn, titan.F
+
+local M = {}
+
+-- TorchTitan's flavors. ffn hidden = round_up(multiplier * int(8 * dim / 3), multiple_of).
+M.flavors = {
+  debugmodel = { dim = 256, n_layers = 6, n_heads = 16, n_kv_heads = 16, multiple_of = 256, vocab_size = 2048,
+    max_seq_len = 2048 },
+  ["1B"] = { dim = 2048, n_layers = 16, n_heads = 32, n_kv_heads = 8, multiple_of = 1024, ffn_dim_multiplier = 1.5,
+    vocab_size = 128256, tie_embeddings = true },
+  ["3B"] = { dim = 3072, n_layers = 28, n_heads = 24, n_kv_heads = 8, multiple_of = 1024, ffn_dim_multiplier = 1.0,
+    vocab_size = 128256, tie_embeddings = true },
+  ["8B"] = { dim = 4096, n_layers = 32, n_heads = 32, n_kv_heads = 8, multiple_of = 1024, ffn_dim_multiplier = 1.3,
+    vocab_size = 128256 },
+  ["70B"] = { dim = 8192, n_layers = 80, n_heads = 64, n_kv_heads = 8, multiple_of = 4096, ffn_dim_multiplier = 1.3,
+    vocab_size = 128256 },
+  ["405B"] = { dim = 16384, n_layers = 126, n_heads = 128, n_kv_heads = 8, multiple_of = 4096,
+    ffn_dim_multiplier = 1.2, vocab_size = 128256 },
+}
+
+local defaults = {
+  n_kv_heads = nil, ffn_dim_multiplier = nil, norm_eps = 1e-5, rope_theta = 500000, max_seq_len = 8192,
+  tie_embeddings = false, depth_init = true,
+  -- Llama 3.1 frequency scaling
+  rope_scaling = { factor = 8, low_freq_factor = 1, high_freq_factor = 4, original_max_seq = 8192 },
+}
+
+-- A flavor name or a table of overrides -> the complete model arguments.
+function M.args(flavor, overrides)
+  local base = type(flavor) == "table" and flavor or M.flavors[flavor]
+  if not base then
+    local names = {}
+    for k in pairs(M.flavors) do names[#names + 1] = k end
+    table.sort(names)
+    error(("llama3: unknown flavor '%s'; expected one of %s"):format(tostring(flavor), table.concat(names, ", ")), 2)
+  end
+  local a = {}
+  for k, v in pairs(defaults) do a[k] = v end
+  for k, v in pairs(base) do a[k] = v end
+  for k, v in pairs(overrides or {}) do a[k] = v end
+  a.n_kv_heads = a.n_kv_heads or a.n_heads
+  assert(a.dim % a.n_heads == 0, "llama3: dim must be a multiple of n_heads")
+  assert(a.n_heads % a.n_kv_heads == 0, "llama3: n_heads must be a multiple of n_kv_heads")
+  a.head_dim = a.dim / a.n_heads
+  local hidden = math.floor(8 * a.dim / 3)
+  if a.ffn_dim_multiplier then hidden = math.floor(a.ffn_dim_multiplier * hidden) end
+  a.ffn_hidden = a.multiple_of * math.ceil(hidden / a.multiple_of)
+  return a
+end
+
+-- ---- modules -----------------------------------------------------------------
+
+local Attention = nn.Module:extend("Attention")
+function Attention:init(a, opts)
+  self.n_heads, self.n_kv_heads, self.head_dim = a.n_heads, a.n_kv_heads, a.head_dim
+  self.wq = nn.Linear(a.dim, a.n_heads * a.head_dim, opts)
+  self.wk = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, opts)
+  self.wv = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, opts)
+  self.wo = nn.Linear(a.n_heads * a.head_dim, a.dim, opts)
+end
+function Attention:forward(x, rope)
+  local B, T = x:size(1), x:size(2)
+  local q = self.wq(x):view(B, T, self.n_heads, self.head_dim)
+  local k = self.wk(x):view(B, T, self.n_kv_heads, self.head_dim)
+  local v = self.wv(x):view(B, T, self.n_kv_heads, self.head_dim)
+  q, k = F.rope(q, rope), F.rope(k, rope)
+  local o = F.attention(q, k, v, { causal = true })
+  return self.wo(o:view(B, T, self.n_heads * self.head_dim))
+end
+
+local FeedForward = nn.Module:extend("FeedForward")
+function FeedForward:init(a, opts)
+  self.w1 = nn.Linear(a.dim, a.ffn_hidden, opts)
+  self.w2 = nn.Linear(a.ffn_hidden, a.dim, opts)
+  self.w3 = nn.Linear(a.dim, a.ffn_hidden, opts)
+end
+function FeedForward:forward(x) return self.w2(F.swiglu(self.w1(x), self.w3(x))) end
+
+local Block = nn.Module:extend("TransformerBlock")
+function Block:init(a, opts)
+  self.attention_norm = nn.RMSNorm(a.dim, { eps = a.norm_eps, dtype = opts.dtype, device = opts.device })
+  self.attention = Attention(a, opts)
+  self.ffn_norm = nn.RMSNorm(a.dim, { eps = a.norm_eps, dtype = opts.dtype, device = opts.device })
+  self.feed_forward = FeedForward(a, opts)
+end
+function Block:forward(x, rope)
+  local h = x + self.attention(self.attention_norm(x), rope)
+  return h + self.feed_forward(self.ffn_norm(h))
+end
+
+local Transformer = nn.Module:extend("Llama3")
+M.Transformer = Transformer
+
+-- opts: device ("meta" to build without memory), dtype.
+function Transformer:init(a, opts)
+  opts = opts or {}
+  self.args = a
+  self.tok_embeddings = nn.Embedding(a.vocab_size, a.dim, opts)
+  self.layers = nn.Module:extend("ModuleList")()
+  for i = 0, a.n_layers - 1 do self.layers:child(tostring(i), Block(a, opts)) end
+  self.norm = nn.RMSNorm(a.dim, { eps = a.norm_eps, dtype = opts.dtype, device = opts.device })
+  if not a.tie_embeddings then self.output = nn.Linear(a.dim, a.vocab_size, opts) end
+end
+
+-- Rotary tables for the model's device, built on first use.
+function Transformer:rope_tables(T)
+  local w = self.tok_embeddings.weight
+  local dev = w:device()
+  local dt = w:dtype() == "float64" and "float64" or "float32" -- RoPE runs in f32 at least
+  local r = self._rope
+  if not r or r.device ~= dev or r.max_seq < T or r.dtype ~= dt then
+    if r then r.cos:free(); r.sin:free() end
+    local a = self.args
+    local n = math.max(T, a.max_seq_len)
+    r = F.rope_tables(a.head_dim, n, a.rope_theta, a.rope_scaling, { device = dev, dtype = dt })
+    r.dtype = dt
+    titan.keep(r.cos); titan.keep(r.sin)
+    r.device, r.max_seq = dev, n
+    self._rope = r
+  end
+  return r
+end
+
+-- ids: int64 [B, T] -> logits [B, T, vocab]
+function Transformer:forward(ids)
+  local h = self.tok_embeddings(ids)
+  local rope = self:rope_tables(ids:size(2))
+  for i = 0, self.args.n_layers - 1 do h = self.layers[tostring(i)](h, rope) end
+  h = self.norm(h)
+  local w = self.output and self.output.weight or self.tok_embeddings.weight
+  return F.linear(h, w)
+end
+
+-- ---- initialization: rules are data ------------------------------------------
+
+-- Each rule: a Lua pattern over the fully-qualified parameter name and the
+-- initializer (with the layer number captured from the name when needed).
+function M.init_rules(a)
+  local function depth_std(layer)
+    if a.depth_init then return 0.02 / math.sqrt(2 * (layer + 1)) end
+    return 0.02 / math.sqrt(2 * a.n_layers)
+  end
+  local out_std = a.dim ^ -0.5
+  return {
+    { "^tok_embeddings%.weight$", function() return { "normal", std = 1.0 } end },
+    { "^layers%.%d+%.attention%.w[qkv]%.weight$", function() return { "trunc_normal", std = 0.02 } end },
+    { "^layers%.(%d+)%.attention%.wo%.weight$", function(l) return { "trunc_normal", std = depth_std(tonumber(l)) } end },
+    { "^layers%.%d+%.feed_forward%.w1%.weight$", function() return { "trunc_normal", std = 0.02 } end },
+    { "^layers%.(%d+)%.feed_forward%.w[23]%.weight$",
+      function(l) return { "trunc_normal", std = depth_std(tonumber(l)) } end },
+    { "norm%.weight$", function() return { "ones" } end },
+    { "^output%.weight$", function() return { "trunc_normal", std = out_std, a = -3 * out_std, b = 3 * out_std } end },
+  }
+end
+
+-- Apply the rules by name with the name-keyed RNG: the same weights for any
+-- layout, device or construction order.
+function M.init_weights(model, seed)
+  local rules = M.init_rules(model.args)
+  for _, np in ipairs(model:named_parameters()) do
+    local name, p = np[1], np[2]
+    local spec
+    for _, r in ipairs(rules) do
+      local cap = name:match(r[1])
+      if cap then
+        spec = r[2](cap)
+        break
+      end
+    end
+    if not spec then error("llama3: no init rule for parameter " .. name) end
+    local key = nn.name_key(seed, name)
+    titan.no_grad(function()
+      if spec[1] == "normal" then p:normal_(0, spec.std, key, 0)
+      elseif spec[1] == "ones" then p:fill_(1)
+      else p:trunc_normal_(0, spec.std, spec.a or -2, spec.b or 2, key, 0) end
+    end)
+  end
+  return model
+end
+
+-- Build: on meta (no memory) unless opts.device says otherwise; then
+-- materialize + init when a real device is asked for.
+function M.build(flavor, opts)
+  opts = opts or {}
+  local a = M.args(flavor, opts.overrides)
+  local model = Transformer(a, { device = "meta", dtype = opts.dtype })
+  if opts.device ~= "meta" then
+    model:to_empty(opts.device or "cpu")
+    M.init_weights(model, opts.seed or 0)
+  end
+  return model
+end
+
+-- Parameter counts and FLOPs per token as TorchTitan counts them:
+-- 6 * (N - N_embedding) + 12 * L * H * Q * T.
+function M.flops_per_token(model, seq_len)
+  local a = model.args
+  local n = model:num_parameters()
+  local n_emb = model.tok_embeddings.weight:numel()
+  local flops = 6 * (n - n_emb) + 12 * a.n_layers * a.n_heads * a.head_dim * seq_len
+  return flops, n, n_emb
+end
+
+return M

@@ -1,0 +1,130 @@
+-- optim.lua — AdamW with parameter groups, and gradient clipping by the
+-- global norm. The update itself is one fused C call per parameter.
+--
+--   local opt = optim.AdamW(model:named_parameters(), {
+--     lr = 8e-4, betas = {0.9, 0.95}, eps = 1e-8, weight_decay = 0.1,
+--     groups = { { pattern = "norm%.weight$", weight_decay = 0 } },  -- first match wins
+--   })
+--   opt:step(); opt:zero_grad()
+local tensor = require("titan.tensor")
+local memory = require("titan.memory")
+local ops = require("titan.ops")
+
+local M = {}
+
+local AdamW = {}
+AdamW.__index = AdamW
+M.AdamW = AdamW
+
+local HP = { "lr", "betas", "eps", "weight_decay" }
+
+-- named: ordered {name, tensor} pairs (Module:named_parameters()) or a plain
+-- list of tensors (named "param.1", ...).
+function M.AdamW(named, cfg)
+  cfg = cfg or {}
+  local self = setmetatable({ params = {}, state = {}, groups = {}, step_count = 0 }, AdamW)
+  local defaults = {
+    lr = cfg.lr or 1e-3, betas = cfg.betas or { 0.9, 0.999 }, eps = cfg.eps or 1e-8,
+    weight_decay = cfg.weight_decay or 0.01,
+  }
+  local patterns = cfg.groups or {}
+  for i, g in ipairs(patterns) do
+    local grp = { pattern = g.pattern }
+    for _, k in ipairs(HP) do grp[k] = g[k] == nil and defaults[k] or g[k] end
+    self.groups[i] = grp
+  end
+  self.groups[#patterns + 1] = defaults -- everything else
+  for i, np in ipairs(named) do
+    local name, p = np, nil
+    if type(np) == "table" and np[2] then name, p = np[1], np[2] else name, p = "param." .. i, np end
+    local gi = #self.groups
+    for k, g in ipairs(patterns) do
+      if name:match(g.pattern) then gi = k break end
+    end
+    self.params[#self.params + 1] = { name = name, param = p, group = gi }
+  end
+  return self
+end
+
+-- The learning rate of every group scaled by `factor` (what a schedule sets).
+function AdamW:set_lr_factor(factor) self.lr_factor = factor end
+
+function AdamW:lr(group)
+  return self.groups[group or #self.groups].lr * (self.lr_factor or 1)
+end
+
+-- One step over every parameter that has a gradient. Optimizer state (f32
+-- moments; an f32 master copy for bf16 parameters) is created on first use
+-- and kept outside every scope.
+function AdamW:step()
+  self.step_count = self.step_count + 1
+  for _, e in ipairs(self.params) do
+    local p = e.param
+    if p.grad then
+      local st = self.state[e.name]
+      if not st then
+        st = {
+          exp_avg = memory.keep(tensor.zeros(p:shape(), { dtype = "float32", device = p:device() })),
+          exp_avg_sq = memory.keep(tensor.zeros(p:shape(), { dtype = "float32", device = p:device() })),
+          step = 0,
+        }
+        if p:dtype() == "bfloat16" then st.master = memory.keep(p:to("float32")) end
+        self.state[e.name] = st
+      end
+      st.step = st.step + 1
+      local g = self.groups[e.group]
+      ops.adamw_(p, p.grad, st.exp_avg, st.exp_avg_sq, {
+        lr = g.lr * (self.lr_factor or 1), betas = g.betas, eps = g.eps, weight_decay = g.weight_decay,
+        step = st.step,
+      }, st.master)
+    end
+  end
+end
+
+function AdamW:zero_grad()
+  for _, e in ipairs(self.params) do
+    local p = e.param
+    if p.grad then
+      p.grad:free()
+      p.grad = nil
+    end
+  end
+end
+
+-- State for checkpoints: {step_count, lr_factor, per-name {step, exp_avg, exp_avg_sq, master}}.
+function AdamW:state_dict()
+  return { step_count = self.step_count, lr_factor = self.lr_factor, state = self.state }
+end
+
+function AdamW:load_state_dict(sd)
+  self.step_count = sd.step_count or 0
+  self.lr_factor = sd.lr_factor
+  for name, s in pairs(sd.state or {}) do
+    local own = self.state[name]
+    if own then
+      own.exp_avg:copy_(s.exp_avg)
+      own.exp_avg_sq:copy_(s.exp_avg_sq)
+      if own.master and s.master then own.master:copy_(s.master) end
+      own.step = s.step
+    else
+      self.state[name] = s
+    end
+  end
+end
+
+-- Scale every gradient so their global L2 norm is at most max_norm (as
+-- torch.nn.utils.clip_grad_norm_). Returns the norm before clipping.
+function M.clip_grad_norm(params, max_norm)
+  local grads = {}
+  for _, p in ipairs(params) do
+    if p.grad then grads[#grads + 1] = p.grad end
+  end
+  local norm = ops.global_norm(grads)
+  if max_norm and max_norm > 0 and norm > max_norm then
+    local coef = max_norm / (norm + 1e-6)
+    for _, g in ipairs(grads) do g:mul_(coef) end
+  end
+  return norm
+end
+
+return M
