@@ -209,11 +209,21 @@ int main(int argc, char **argv) {
       return 1;
     }
     tt_setup(L, argc, argv, 1);
-    st = luaL_loadfile(L, script);
+    /* A script that returns a table is a recipe: it is trained, with the
+     * rest of the command line as config overrides. */
+    static const char *run_script =
+        "local path = ...\n"
+        "local chunk, err = loadfile(path)\n"
+        "if not chunk then error(err, 0) end\n"
+        "local result = chunk(select(2, ...))\n"
+        "if type(result) == 'table' then\n"
+        "  require('titan.trainer').run(result, { select(2, ...) })\n"
+        "end\n";
+    st = luaL_loadbuffer(L, run_script, strlen(run_script), "=titan");
     if (st == 0) {
-      /* ... = the script's arguments, as in lua(1). */
-      for (int i = 2; i < argc; i++) lua_pushstring(L, argv[i]);
-      st = tt_pcall(L, argc - 2);
+      /* ... = the script's path then its arguments, as in lua(1). */
+      for (int i = 1; i < argc; i++) lua_pushstring(L, argv[i]);
+      st = tt_pcall(L, argc - 1);
     }
     st = tt_report(L, st);
   }

@@ -1,0 +1,278 @@
+-- config.lua — the job configuration: every known key with its default and
+-- type, recipe merging, `--section.key=value` overrides with type checks,
+-- and one-line errors that list the nearest valid keys.
+--
+-- A recipe is a table of sections (job, model, optimizer, lr_scheduler,
+-- training, validation, metrics, checkpoint, parallelism, debug) plus
+-- optional Lua functions (loss_fn, train_step, build_data, ...). A recipe
+-- derives from another by `base = "llama3_debugmodel"` (a file in
+-- lua/recipes/) or by requiring it and changing the table.
+local M = {}
+
+-- The schema: defaults define the type of each key. `false`/`nil`-able keys
+-- use a sentinel in `nullable` so their type is still known.
+M.defaults = {
+  job = {
+    description = "",
+    dump_folder = "./outputs",
+    print_config = false,
+  },
+  model = {
+    name = "llama3",
+    flavor = "debugmodel",
+    tokenizer = "assets/tokenizers/fortunes_2048.json",
+  },
+  optimizer = {
+    name = "AdamW",
+    lr = 8e-4,
+    beta1 = 0.9,
+    beta2 = 0.95,
+    eps = 1e-8,
+    weight_decay = 0.1,
+    no_decay_pattern = "", -- Lua pattern of parameter names without weight decay ("" = none)
+  },
+  lr_scheduler = {
+    warmup_steps = 200,
+    decay_ratio = -1,       -- fraction of steps spent decaying (WSD); -1: decay over all steps after warmup
+    decay_type = "linear",  -- linear | sqrt | cosine
+    min_lr_factor = 0.0,    -- the lr decays to min_lr_factor * lr
+  },
+  training = {
+    dataset = "fortunes",   -- fortunes | text | jsonl | bin
+    dataset_path = "",      -- files (comma-separated) for text/jsonl/bin; fortunes: the Debian corpus
+    local_batch_size = 8,
+    global_batch_tokens = -1, -- tokens per optimizer step; -1: local_batch_size * seq_len * dp (no accumulation)
+    seq_len = 2048,
+    steps = 10000,
+    max_norm = 1.0,
+    seed = 0,
+    device = "cpu",
+    dtype = "float32",
+    threads = -1,           -- -1: OMP_NUM_THREADS or all cores
+    shuffle = true,
+  },
+  validation = {
+    enable = false,
+    freq = 100,
+    steps = 5,
+    split = 0.02,           -- fraction of documents held out
+  },
+  metrics = {
+    log_freq = 1,
+    enable_jsonl = true,
+    peak_flops = -1,        -- FLOP/s of one device for MFU; -1: measured (CPU) or the GPU's table value
+  },
+  checkpoint = {
+    enable = false,
+    folder = "checkpoint",
+    interval = 500,
+  },
+  parallelism = {
+    dp_shard = -1,
+    tp = 1,
+    pp = 1,
+  },
+  debug = {
+    deterministic = false,
+  },
+}
+
+local function sorted_keys(t)
+  local k = {}
+  for name in pairs(t) do k[#k + 1] = name end
+  table.sort(k)
+  return k
+end
+
+local function copy(v)
+  if type(v) ~= "table" then return v end
+  local out = {}
+  for k, x in pairs(v) do out[k] = copy(x) end
+  return out
+end
+
+-- Levenshtein distance, for "did you mean".
+local function distance(a, b)
+  local prev = {}
+  for j = 0, #b do prev[j] = j end
+  for i = 1, #a do
+    local cur = { [0] = i }
+    for j = 1, #b do
+      local cost = a:sub(i, i) == b:sub(j, j) and 0 or 1
+      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+    end
+    prev = cur
+  end
+  return prev[#b]
+end
+
+local function all_keys()
+  local out = {}
+  for _, sec in ipairs(sorted_keys(M.defaults)) do
+    for _, key in ipairs(sorted_keys(M.defaults[sec])) do out[#out + 1] = sec .. "." .. key end
+  end
+  return out
+end
+
+function M.nearest_keys(name, n)
+  local keys = all_keys()
+  table.sort(keys, function(a, b)
+    local da, db = distance(name, a), distance(name, b)
+    if da ~= db then return da < db end
+    return a < b
+  end)
+  local out = {}
+  for i = 1, math.min(n or 3, #keys) do out[i] = keys[i] end
+  return out
+end
+
+local function unknown_key(full, where)
+  error(("config: unknown key '%s'%s; nearest valid keys: %s"):format(full, where or "",
+    table.concat(M.nearest_keys(full), ", ")), 0)
+end
+
+-- Parse a command-line value into the type of the default.
+local function coerce(full, default, raw)
+  local t = type(default)
+  if t == "number" then
+    local v = tonumber(raw)
+    if not v then error(("config: %s expects a number, got '%s'"):format(full, raw), 0) end
+    return v
+  elseif t == "boolean" then
+    if raw == "true" or raw == "1" or raw == "" then return true end
+    if raw == "false" or raw == "0" then return false end
+    error(("config: %s expects true or false, got '%s'"):format(full, raw), 0)
+  elseif t == "string" then
+    return raw
+  end
+  error(("config: %s cannot be set from the command line"):format(full), 0)
+end
+
+local function check_type(full, default, v)
+  if type(v) ~= type(default) then
+    error(("config: %s expects a %s, got %s (%s)"):format(full, type(default), type(v), tostring(v)), 0)
+  end
+end
+
+-- Load a recipe by name or path ("llama3_debugmodel" or "lua/recipes/x.lua").
+function M.load_recipe(ref)
+  local path = ref
+  if not ref:find("/") and not ref:match("%.lua$") then
+    local env = require("titan.env")
+    path = env.root .. "/lua/recipes/" .. ref .. ".lua"
+  end
+  local chunk, err = loadfile(path)
+  if not chunk then error("config: cannot load recipe " .. path .. ": " .. tostring(err), 0) end
+  local r = chunk()
+  if type(r) ~= "table" then error("config: recipe " .. path .. " must return a table, got " .. type(r), 0) end
+  return r
+end
+
+-- Merge b over a (tables merged per section; functions and other fields replaced).
+local function merge(a, b)
+  local out = copy(a)
+  for k, v in pairs(b) do
+    if type(v) == "table" and type(out[k]) == "table" and M.defaults[k] then
+      for kk, vv in pairs(v) do out[k][kk] = copy(vv) end
+    else
+      out[k] = v
+    end
+  end
+  return out
+end
+
+-- Follow `base` chains: a recipe's own values win over its base's.
+function M.flatten(recipe, seen)
+  seen = seen or {}
+  if recipe.base then
+    local ref = recipe.base
+    if seen[ref] then error("config: recipe base cycle through " .. ref, 0) end
+    seen[ref] = true
+    local base = M.flatten(type(ref) == "table" and ref or M.load_recipe(ref), seen)
+    local own = copy(recipe)
+    own.base = nil
+    return merge(base, own)
+  end
+  return recipe
+end
+
+-- recipe table + argv list -> resolved config (sections filled from the
+-- defaults, recipe values and overrides checked), plus the recipe's hooks.
+function M.resolve(recipe, argv)
+  recipe = M.flatten(recipe)
+  local cfg = copy(M.defaults)
+  for sec, vals in pairs(recipe) do
+    if M.defaults[sec] then
+      if type(vals) ~= "table" then error(("config: section %s must be a table"):format(sec), 0) end
+      for k, v in pairs(vals) do
+        local full = sec .. "." .. tostring(k)
+        if M.defaults[sec][k] == nil then unknown_key(full, " in the recipe") end
+        if type(v) == "table" then error(("config: %s must be a %s"):format(full, type(M.defaults[sec][k])), 0) end
+        check_type(full, M.defaults[sec][k], v)
+        cfg[sec][k] = v
+      end
+    elseif type(vals) == "function" then
+      cfg[sec] = vals -- hooks: loss_fn, train_step, build_data, ...
+    elseif sec ~= "base" then
+      cfg[sec] = vals -- extra recipe data (e.g. datasets for a mixture)
+    end
+  end
+  for _, a in ipairs(argv or {}) do
+    if a == "--print-config" then
+      cfg.job.print_config = true
+    else
+      local key, val = a:match("^%-%-([%w_]+%.[%w_]+)=(.*)$")
+      if not key then
+        key = a:match("^%-%-([%w_]+%.[%w_]+)$")
+        val = key and "true"
+      end
+      if not key then
+        error(("config: cannot parse argument '%s'; expected --section.key=value (or --print-config)"):format(a), 0)
+      end
+      local sec, k = key:match("^([%w_]+)%.([%w_]+)$")
+      if not M.defaults[sec] or M.defaults[sec][k] == nil then unknown_key(key) end
+      cfg[sec][k] = coerce(key, M.defaults[sec][k], val)
+    end
+  end
+  M.validate(cfg)
+  return cfg
+end
+
+function M.validate(cfg)
+  local function need(cond, msg) if not cond then error("config: " .. msg, 0) end end
+  local t = cfg.training
+  need(t.local_batch_size >= 1 and t.local_batch_size % 1 == 0, "training.local_batch_size must be a positive integer")
+  need(t.seq_len >= 1 and t.seq_len % 1 == 0, "training.seq_len must be a positive integer")
+  need(t.steps >= 0 and t.steps % 1 == 0, "training.steps must be a non-negative integer")
+  need(({ linear = 1, sqrt = 1, cosine = 1 })[cfg.lr_scheduler.decay_type],
+    "lr_scheduler.decay_type must be linear, sqrt or cosine, got '" .. cfg.lr_scheduler.decay_type .. "'")
+  need(cfg.lr_scheduler.min_lr_factor >= 0 and cfg.lr_scheduler.min_lr_factor <= 1,
+    "lr_scheduler.min_lr_factor must be in [0, 1]")
+  need(cfg.optimizer.lr >= 0, "optimizer.lr must be >= 0")
+  need(cfg.optimizer.name == "AdamW", "optimizer.name: only AdamW is available, got '" .. cfg.optimizer.name .. "'")
+  need(cfg.metrics.log_freq >= 1, "metrics.log_freq must be >= 1")
+end
+
+-- The resolved config as a Lua table literal (sections and keys sorted).
+function M.dump(cfg)
+  local lines = { "{" }
+  for _, sec in ipairs(sorted_keys(M.defaults)) do
+    lines[#lines + 1] = ("  %s = {"):format(sec)
+    for _, k in ipairs(sorted_keys(M.defaults[sec])) do
+      local v = cfg[sec][k]
+      local s = type(v) == "string" and ("%q"):format(v) or tostring(v)
+      lines[#lines + 1] = ("    %s = %s,"):format(k, s)
+    end
+    lines[#lines + 1] = "  },"
+  end
+  local hooks = {}
+  for k, v in pairs(cfg) do
+    if not M.defaults[k] and type(v) == "function" then hooks[#hooks + 1] = k end
+  end
+  table.sort(hooks)
+  if #hooks > 0 then lines[#lines + 1] = "  -- recipe functions: " .. table.concat(hooks, ", ") end
+  lines[#lines + 1] = "}"
+  return table.concat(lines, "\n")
+end
+
+return M

@@ -1,0 +1,127 @@
+-- metrics.lua — one log line per step (TorchTitan's fixed names: loss,
+-- grad_norm, lr, memory, tps, tflops, mfu) and a JSONL file of the same.
+local titan = require("titan")
+local ffi = require("ffi")
+
+local M = {}
+
+pcall(ffi.cdef, [[
+typedef struct { long tv_sec; long tv_nsec; } tt_metrics_timespec;
+int clock_gettime(int clk_id, tt_metrics_timespec *tp);
+]])
+local ts = ffi.new("tt_metrics_timespec")
+function M.now()
+  ffi.C.clock_gettime(1, ts)
+  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+
+-- Total host memory, for the memory percentage on the CPU.
+local function host_memory_bytes()
+  local f = io.open("/proc/meminfo", "r")
+  if not f then return nil end
+  local text = f:read("*a")
+  f:close()
+  local kb = text:match("MemTotal:%s+(%d+)")
+  return kb and tonumber(kb) * 1024 or nil
+end
+
+-- Peak FLOP/s of this CPU, measured: the best of a few 2048^3 sgemm calls
+-- through the engine (the rate a dense model's matmuls can reach here).
+function M.measure_cpu_peak_flops()
+  local n = 2048
+  return titan.scope(function()
+    local a, b = titan.randn({ n, n }, { seed = 1 }), titan.randn({ n, n }, { seed = 2 })
+    local best = math.huge
+    for _ = 1, 4 do
+      local t0 = M.now()
+      titan.scope(function() titan.ops.raw_matmul(a, b) end)
+      best = math.min(best, M.now() - t0)
+    end
+    return 2 * n ^ 3 / best
+  end)
+end
+
+local Logger = {}
+Logger.__index = Logger
+
+-- opts: jsonl_path (or nil), device, peak_flops, flops_per_token, rank
+function M.Logger(opts)
+  local self = setmetatable({ opts = opts, t_start = M.now(), t_last = M.now(), tokens_since = 0 }, Logger)
+  self.mem_total = opts.device == "cpu" and host_memory_bytes() or nil
+  if opts.jsonl_path then
+    local f, err = io.open(opts.jsonl_path, "a")
+    if not f then error("metrics: cannot open " .. opts.jsonl_path .. ": " .. tostring(err), 0) end
+    self.jsonl = f
+  end
+  return self
+end
+
+-- Account tokens processed since the last log (for tps).
+function Logger:add_tokens(n) self.tokens_since = self.tokens_since + n end
+
+local function json_value(v)
+  if type(v) == "number" then
+    if v ~= v or v == math.huge or v == -math.huge then return "null" end
+    return ("%.10g"):format(v)
+  end
+  if type(v) == "string" then return ("%q"):format(v) end
+  return tostring(v)
+end
+
+function Logger:write_jsonl(rec)
+  if not self.jsonl then return end
+  local keys = {}
+  for k in pairs(rec) do keys[#keys + 1] = k end
+  table.sort(keys)
+  local parts = {}
+  for i, k in ipairs(keys) do parts[i] = ("%q:%s"):format(k, json_value(rec[k])) end
+  self.jsonl:write("{" .. table.concat(parts, ",") .. "}\n")
+  self.jsonl:flush()
+end
+
+-- rec: step, loss, grad_norm, lr (+ anything else for the JSONL file).
+function Logger:log_step(rec)
+  local now = M.now()
+  local dt = now - self.t_last
+  local tps = dt > 0 and self.tokens_since / dt or 0
+  local flops = tps * (self.opts.flops_per_token or 0)
+  local mfu = self.opts.peak_flops and self.opts.peak_flops > 0 and 100 * flops / self.opts.peak_flops or 0
+  local mem = titan.memory_stats(self.opts.device)
+  local gib = mem.allocated / 2 ^ 30
+  local peak_gib = mem.peak_allocated / 2 ^ 30
+  local pct = self.mem_total and 100 * mem.peak_allocated / self.mem_total or 0
+  rec.tps, rec.tflops, rec.mfu = tps, flops / 1e12, mfu
+  rec.memory_gib, rec.memory_peak_gib, rec.memory_pct = gib, peak_gib, pct
+  rec.elapsed = now - self.t_start
+  print(("step: %5d  loss: %7.4f  grad_norm: %7.4f  lr: %.2e  memory: %5.2fGiB (peak %.2fGiB, %.2f%%)  "
+    .. "tps: %s  tflops: %.3f  mfu: %.2f%%  elapsed: %s"):format(
+      rec.step, rec.loss, rec.grad_norm or 0, rec.lr or 0, gib, peak_gib, pct, M.commas(tps), flops / 1e12, mfu,
+      M.duration(rec.elapsed)))
+  io.stdout:flush()
+  self:write_jsonl(rec)
+  self.t_last, self.tokens_since = now, 0
+end
+
+function Logger:log_validation(step, loss, ntok)
+  print(("validate: step %5d  loss: %7.4f  (%d tokens)"):format(step, loss, ntok))
+  io.stdout:flush()
+  self:write_jsonl({ step = step, validation_loss = loss, validation_tokens = ntok })
+end
+
+function Logger:close()
+  if self.jsonl then self.jsonl:close(); self.jsonl = nil end
+end
+
+function M.commas(x)
+  local s = ("%d"):format(math.floor(x + 0.5))
+  local out = s:reverse():gsub("(%d%d%d)", "%1,"):reverse()
+  return (out:gsub("^,", ""))
+end
+
+function M.duration(s)
+  if s < 60 then return ("%.1fs"):format(s) end
+  if s < 3600 then return ("%dm%02ds"):format(math.floor(s / 60), math.floor(s % 60)) end
+  return ("%dh%02dm"):format(math.floor(s / 3600), math.floor(s % 3600 / 60))
+end
+
+return M

@@ -1,0 +1,232 @@
+-- trainer.lua — the training loop. Everything a researcher changes is a
+-- plain Lua function a recipe may replace:
+--
+--   recipe.loss_fn(logits, targets, ctx)      -> loss (a scalar tensor)
+--   recipe.train_step(trainer, step)           -> loss value, tokens   (forward/backward over micro-batches)
+--   recipe.build_data(cfg, tokenizer, dp)      -> { train = loader, val = loader | nil }
+--
+-- Flow: config -> model on meta -> materialize + seeded init -> optimizer +
+-- schedule -> data -> loop { batches -> forward -> loss -> backward -> clip
+-- -> step -> metrics -> validation }.
+local titan = require("titan")
+local config = require("titan.config")
+local optim = require("titan.optim")
+local lr_scheduler = require("titan.lr_scheduler")
+local metrics = require("titan.metrics")
+local F = titan.F
+
+local M = {}
+
+-- ---- the default pieces a recipe can replace -----------------------------
+
+-- Mean cross-entropy over the step's real tokens (ctx.num_tokens counts them
+-- across every micro-batch, so the loss does not depend on how the global
+-- batch is split).
+function M.loss_fn(logits, targets, ctx)
+  local V = logits:size(-1)
+  return F.cross_entropy(logits:reshape(-1, V), targets:reshape(-1), { num_tokens = ctx.num_tokens })
+end
+
+-- One optimizer step's worth of forward/backward: every micro-batch runs
+-- inside its own scope, so activations are released as soon as its backward
+-- is done; gradients accumulate in the parameters' .grad.
+function M.train_step(tr, step)
+  local batches, num_tokens = {}, 0
+  for i = 1, tr.grad_accum do
+    batches[i] = tr.data.train:next()
+    num_tokens = num_tokens + (batches[i].num_tokens or batches[i].targets:numel())
+  end
+  local ctx = { num_tokens = num_tokens, step = step, trainer = tr }
+  local loss_sum = 0
+  for i, b in ipairs(batches) do
+    loss_sum = loss_sum + titan.scope(function()
+      local logits = tr.model(b.inputs)
+      local loss = tr.loss_fn(logits, b.targets, ctx)
+      loss:backward()
+      return loss:item()
+    end)
+    b.inputs:free()
+    b.targets:free()
+    batches[i] = nil
+  end
+  return loss_sum, num_tokens
+end
+
+-- ---- the trainer --------------------------------------------------------------
+
+local Trainer = {}
+Trainer.__index = Trainer
+M.Trainer = Trainer
+
+local function host_memory_bytes()
+  local f = io.open("/proc/meminfo", "r")
+  if not f then return math.huge end
+  local kb = f:read("*a"):match("MemTotal:%s+(%d+)")
+  f:close()
+  return kb and tonumber(kb) * 1024 or math.huge
+end
+
+local function mkdir_p(path)
+  local ok = os.execute(("mkdir -p '%s'"):format(path:gsub("'", "'\\''")))
+  if ok ~= 0 and ok ~= true then error("trainer: cannot create folder " .. path, 0) end
+end
+
+function M.new(cfg)
+  local self = setmetatable({ cfg = cfg }, Trainer)
+  local t = cfg.training
+  if t.threads > 0 then titan.set_num_threads(t.threads) end
+  titan.manual_seed(t.seed)
+  self.device = t.device
+  if t.device:match("^cuda") and not titan.cuda_available() then
+    error(("trainer: training.device = %s, but %s"):format(t.device, titan.C.tt_cuda_device_count() == 0 and
+      "no CUDA device is visible (or titan was built without TITAN_CUDA)" or "that device does not exist"), 0)
+  end
+  self.rank, self.world = 0, 1 -- data parallelism arrives with the distributed work
+
+  -- Model: built on meta first, so the size check costs nothing.
+  local family = require("models." .. cfg.model.name)
+  local model = family.build(cfg.model.flavor, { device = "meta", dtype = t.dtype,
+    overrides = { max_seq_len = math.max(t.seq_len, family.args(cfg.model.flavor).max_seq_len) } })
+  local flops, nparams = family.flops_per_token(model, t.seq_len)
+  local bytes_per = ({ float32 = 4, float64 = 8, bfloat16 = 2 })[t.dtype] or 4
+  -- weights + gradients + two f32 AdamW moments
+  local need = nparams * (2 * bytes_per + 8)
+  if t.device == "cpu" and need > 0.8 * host_memory_bytes() then
+    error(("trainer: %s %s has %.2fB parameters and needs ~%.0f GiB for weights, gradients and optimizer state "
+      .. "in %s, but this machine has %.0f GiB; train it on GPUs (training.device=cuda with parallelism.*), "
+      .. "or pick a smaller flavor"):format(cfg.model.name, cfg.model.flavor, nparams / 1e9, need / 2 ^ 30, t.dtype,
+      host_memory_bytes() / 2 ^ 30), 0)
+  end
+  model:to_empty(t.device)
+  family.init_weights(model, t.seed)
+  self.model, self.family = model, family
+  self.flops_per_token, self.nparams = flops, nparams
+
+  -- Tokenizer and data.
+  local Tokenizer = require("titan.tokenizer")
+  local tok_path = cfg.model.tokenizer
+  if not tok_path:match("^/") then tok_path = require("titan.env").root .. "/" .. tok_path end
+  self.tokenizer = Tokenizer.load(tok_path)
+  if self.tokenizer.vocab_size > model.args.vocab_size then
+    error(("trainer: the tokenizer %s has %d tokens but the model's vocab_size is %d"):format(cfg.model.tokenizer,
+      self.tokenizer.vocab_size, model.args.vocab_size), 0)
+  end
+  local build_data = cfg.build_data or require("titan.data").build
+  self.data = build_data(cfg, self.tokenizer, { rank = self.rank, world = self.world })
+
+  -- Gradient accumulation from the global batch in tokens.
+  local per_micro = t.local_batch_size * t.seq_len * self.world
+  if t.global_batch_tokens > 0 then
+    if t.global_batch_tokens % per_micro ~= 0 then
+      error(("trainer: training.global_batch_tokens = %d is not a multiple of local_batch_size * seq_len * dp = %d")
+        :format(t.global_batch_tokens, per_micro), 0)
+    end
+    self.grad_accum = t.global_batch_tokens / per_micro
+  else
+    self.grad_accum = 1
+  end
+
+  -- Optimizer and schedule.
+  local o = cfg.optimizer
+  local groups = {}
+  if o.no_decay_pattern ~= "" then groups[1] = { pattern = o.no_decay_pattern, weight_decay = 0 } end
+  self.optimizer = optim.AdamW(model:named_parameters(), { lr = o.lr, betas = { o.beta1, o.beta2 }, eps = o.eps,
+    weight_decay = o.weight_decay, groups = groups })
+  self.schedule = lr_scheduler.new(cfg.lr_scheduler, t.steps)
+  self.loss_fn = cfg.loss_fn or M.loss_fn
+  self.train_step = cfg.train_step or M.train_step
+
+  -- Metrics.
+  mkdir_p(cfg.job.dump_folder)
+  local peak = cfg.metrics.peak_flops
+  if peak <= 0 then peak = t.device == "cpu" and metrics.measure_cpu_peak_flops() or 989e12 end
+  self.peak_flops = peak
+  self.logger = metrics.Logger({
+    jsonl_path = cfg.metrics.enable_jsonl and (cfg.job.dump_folder .. "/metrics.jsonl") or nil,
+    device = t.device, peak_flops = peak, flops_per_token = flops, rank = self.rank,
+  })
+  self.step = 0
+  return self
+end
+
+function Trainer:banner()
+  local t, a = self.cfg.training, self.model.args
+  print(("titan %s | %s %s: %s parameters, dim %d, %d layers, %d heads (%d kv), vocab %d | %d threads | %s"):format(
+    titan.version(), self.cfg.model.name, self.cfg.model.flavor, metrics.commas(self.nparams), a.dim, a.n_layers,
+    a.n_heads, a.n_kv_heads, a.vocab_size, titan.num_threads(), t.device))
+  print(("batch %d x %d tokens x %d accumulation = %s tokens/step | %d steps | peak %.1f GFLOP/s (%s) | %s FLOPs/token")
+    :format(t.local_batch_size, t.seq_len, self.grad_accum,
+      metrics.commas(t.local_batch_size * t.seq_len * self.grad_accum * self.world), t.steps, self.peak_flops / 1e9,
+      self.cfg.metrics.peak_flops > 0 and "configured" or "measured", metrics.commas(self.flops_per_token)))
+  io.stdout:flush()
+end
+
+function Trainer:validate()
+  local v = self.data.val
+  if not v then return end
+  local total, ntok = 0, 0
+  titan.no_grad(function()
+    for _ = 1, self.cfg.validation.steps do
+      local b = v:next()
+      if not b then break end
+      titan.scope(function()
+        local logits = self.model(b.inputs)
+        local V = logits:size(-1)
+        local loss, n = F.cross_entropy(logits:reshape(-1, V), b.targets:reshape(-1), { reduction = "sum" })
+        total = total + loss:item()
+        ntok = ntok + n
+      end)
+      b.inputs:free()
+      b.targets:free()
+    end
+  end)
+  if v.reset then v:reset() end
+  if ntok > 0 then self.logger:log_validation(self.step, total / ntok, ntok) end
+  return ntok > 0 and total / ntok or nil
+end
+
+-- Run steps until training.steps (or `until_step`). Returns the list of losses.
+function Trainer:train(until_step)
+  local cfg, t = self.cfg, self.cfg.training
+  local last = until_step or t.steps
+  local losses = {}
+  local params = self.model:parameters()
+  while self.step < last do
+    local step = self.step + 1
+    local factor = self.schedule.factor(step)
+    self.optimizer:set_lr_factor(factor)
+    local loss, ntok = self:train_step(step)
+    local grad_norm = optim.clip_grad_norm(params, t.max_norm)
+    self.optimizer:step()
+    self.optimizer:zero_grad()
+    self.step = step
+    losses[#losses + 1] = loss
+    self.logger:add_tokens(ntok / self.world)
+    if loss ~= loss then error(("trainer: loss is NaN at step %d"):format(step), 0) end
+    if step % cfg.metrics.log_freq == 0 or step == 1 or step == last then
+      self.logger:log_step({ step = step, loss = loss, grad_norm = grad_norm, lr = self.optimizer:lr() })
+    end
+    if cfg.validation.enable and step % cfg.validation.freq == 0 then self:validate() end
+  end
+  return losses
+end
+
+function Trainer:close()
+  self.logger:close()
+end
+
+-- Entry point: a recipe table and the command-line arguments.
+function M.run(recipe, argv)
+  local cfg = config.resolve(recipe, argv)
+  if cfg.job.print_config then
+    print(config.dump(cfg))
+    return cfg
+  end
+  local tr = M.new(cfg)
+  tr:banner()
+  local losses = tr:train()
+  tr:close()
+  return losses, tr
+end
+
+return M
