@@ -1,20 +1,8 @@
 -- common.lua — helpers shared by the benchmarks: a monotonic clock, a
 -- best-of-N timer and a table printer. Benchmarks print figures; they never
 -- assert on time.
-local ffi = require("ffi")
-
-pcall(ffi.cdef, [[
-typedef struct { long tv_sec; long tv_nsec; } tt_bench_timespec;
-int clock_gettime(int clk_id, tt_bench_timespec *tp);
-]])
-
 local M = {}
-local ts = ffi.new("tt_bench_timespec")
-
-function M.now()
-  ffi.C.clock_gettime(1, ts) -- CLOCK_MONOTONIC
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+M.now = require("titan.clock").now
 
 -- Best (minimum) seconds per call of fn over `reps` timed calls after
 -- `warmup` untimed ones: the minimum is the least noisy estimate on a

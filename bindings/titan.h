@@ -265,10 +265,206 @@ tt_status tt_op_adamw(tt_tensor *param, const tt_tensor *grad, tt_tensor *m, tt_
 tt_status tt_op_global_norm(int n, tt_tensor *const *ts, double *out);
 
 /* ---- tokenizer (engine/tokenizer.c) ------------------------------------- */
-/* TT_SECTION_TOKENIZER */
+/* TT_SECTION_TOKENIZER: byte-level BPE (engine/tokenizer.c, engine/tokenizer_train.c;
+ * files are parsed by lua/titan/tokenizer.lua). A tokenizer is immutable once
+ * built: any number of threads may encode and decode with it at once. */
+typedef struct tt_tokenizer tt_tokenizer;
+
+/* What a tokenizer is built from: flat arrays, as a parser hands them over. */
+typedef struct tt_tokenizer_spec {
+  const char *source;           /* file name for error messages (NULL or "": none) */
+  const char *pattern;          /* pre-tokenizer regex (PCRE2, UTF + UCP); NULL: the Llama 3 pattern */
+  int32_t n_tokens;             /* regular tokens; all 256 single bytes must be among them */
+  const uint8_t *token_bytes;   /* their bytes, back to back */
+  const int32_t *token_lens;    /* [n_tokens] */
+  const int32_t *token_ids;     /* [n_tokens] */
+  int32_t tiktoken;             /* 1: no merge list; a pair's rank is the id (rank) of its concatenation */
+  int32_t n_merges;             /* otherwise: merges, lowest rank first (HF tokenizer.json) */
+  const int32_t *merges;        /* [2 * n_merges] (left id, right id) */
+  int32_t n_specials;           /* special tokens: decoded, never produced from text */
+  const uint8_t *special_bytes;
+  const int32_t *special_lens;
+  const int32_t *special_ids;
+  int32_t bos_id;               /* -1: none */
+  int32_t eos_id;               /* -1: none */
+  int32_t ignore_merges;        /* 1: a piece that is itself a token is emitted whole (tiktoken, HF ignore_merges) */
+} tt_tokenizer_spec;
+
+typedef struct tt_tokenizer_desc {
+  int32_t vocab_size;           /* highest id + 1, specials included */
+  int32_t n_tokens;
+  int32_t n_merges;
+  int32_t n_specials;
+  int32_t bos_id;
+  int32_t eos_id;
+  int32_t max_token_len;
+  int32_t ignore_merges;
+} tt_tokenizer_desc;
+
+tt_status tt_tokenizer_new(const tt_tokenizer_spec *spec, tt_tokenizer **out);
+void tt_tokenizer_free(tt_tokenizer *tok);
+tt_status tt_tokenizer_describe(const tt_tokenizer *tok, tt_tokenizer_desc *out);
+/* The pre-tokenizer regex (tok NULL: the Llama 3 pattern). */
+tt_status tt_tokenizer_pattern(const tt_tokenizer *tok, const char **out);
+/* Bytes of one token (owned by tok); is_special may be NULL. */
+tt_status tt_tokenizer_token(const tt_tokenizer *tok, int32_t id, const uint8_t **bytes, int32_t *len,
+                             int32_t *is_special);
+/* Merge number `rank` (0 = applied first): (left, right) -> merged. */
+tt_status tt_tokenizer_merge(const tt_tokenizer *tok, int32_t rank, int32_t *left, int32_t *right, int32_t *merged);
+/* Text (any bytes) -> ids, with <|begin_of_text|> / <|end_of_text|> when bos / eos.
+ * Special-token text inside `text` is plain text. *n receives the count;
+ * cap = len + 2 always suffices. */
+tt_status tt_tokenizer_encode(const tt_tokenizer *tok, const char *text, size_t len, int32_t bos, int32_t eos,
+                              int32_t *ids, int64_t cap, int64_t *n);
+/* Bytes that decoding ids gives (checks every id). */
+tt_status tt_tokenizer_decode_length(const tt_tokenizer *tok, const int32_t *ids, int64_t n, size_t *len);
+tt_status tt_tokenizer_decode(const tt_tokenizer *tok, const int32_t *ids, int64_t n, char *out, size_t cap,
+                              size_t *len);
+/* Pre-tokenizer pieces: ends[i] is the byte offset where piece i ends. */
+tt_status tt_tokenizer_split(const tt_tokenizer *tok, const char *text, size_t len, int64_t *ends, int64_t cap,
+                             int64_t *n);
+
+/* Trainer: add text, then merge in steps (progress between them), then finish. */
+typedef struct tt_tokenizer_trainer tt_tokenizer_trainer;
+typedef struct tt_tokenizer_train_stats {
+  int64_t bytes;                /* text added */
+  int64_t pieces;               /* pre-tokenizer pieces in it */
+  int64_t unique_pieces;
+  int64_t pairs;                /* distinct adjacent pairs seen (once merging started) */
+  int32_t merges;               /* merges done */
+  int32_t tokens;               /* distinct tokens: 256 bytes + new ones (a merge may remake a known token) */
+  int64_t last_count;           /* occurrences of the last merged pair */
+} tt_tokenizer_train_stats;
+
+/* pattern NULL: the Llama 3 pattern. */
+tt_status tt_tokenizer_trainer_new(const char *pattern, tt_tokenizer_trainer **out);
+void tt_tokenizer_trainer_free(tt_tokenizer_trainer *tr);
+tt_status tt_tokenizer_trainer_add(tt_tokenizer_trainer *tr, const char *text, size_t len);
+/* Up to max_merges more merges (fewer when no pair is left): the most
+ * frequent pair first, ties to the smaller (left id, right id). */
+tt_status tt_tokenizer_trainer_merge(tt_tokenizer_trainer *tr, int32_t max_merges, int32_t *done);
+tt_status tt_tokenizer_trainer_stats(const tt_tokenizer_trainer *tr, tt_tokenizer_train_stats *out);
+/* The trained tokenizer: ids 0..255 are the bytes, then the new tokens in
+ * merge order, then the specials; bos_special / eos_special index them (-1: none). */
+tt_status tt_tokenizer_trainer_finish(const tt_tokenizer_trainer *tr, int32_t n_specials, const uint8_t *special_bytes,
+                                      const int32_t *special_lens, int32_t bos_special, int32_t eos_special,
+                                      tt_tokenizer **out);
 
 /* ---- token datasets (engine/dataset.c) ----------------------------------- */
-/* TT_SECTION_DATA */
+/* Binary token files (docs/data.md): a 64-byte little-endian header
+ * ("TTOKENS1", version 1, token width, counts, vocab) then uint16/uint32
+ * tokens. Written to "<path>.tmp.<pid>" and renamed into place by finish. */
+typedef struct tt_tokens tt_tokens;
+typedef struct tt_tokens_writer tt_tokens_writer;
+
+typedef struct tt_tokens_header {
+  uint32_t version;      /* 1 */
+  uint32_t token_bytes;  /* 2 (uint16) or 4 (uint32) */
+  uint64_t num_tokens;
+  uint64_t num_docs;
+  uint32_t vocab_size;
+  uint32_t header_bytes; /* 64 */
+} tt_tokens_header;
+
+/* token_bytes 0 picks 2 when vocab_size <= 65536, else 4. */
+tt_status tt_tokens_writer_open(const char *path, uint32_t vocab_size, uint32_t token_bytes, tt_tokens_writer **out);
+/* Appends n tokens (each checked to be in [0, vocab_size)) that complete
+ * num_docs documents. */
+tt_status tt_tokens_writer_append(tt_tokens_writer *w, const int32_t *tokens, int64_t n, int64_t num_docs);
+/* The temporary file the bytes go to until finish. */
+const char *tt_tokens_writer_temp_path(const tt_tokens_writer *w);
+/* Writes the header, fsyncs, renames into place; frees w (also on failure,
+ * when the temporary file is removed). */
+tt_status tt_tokens_writer_finish(tt_tokens_writer *w);
+/* Removes the temporary file and frees w. */
+void tt_tokens_writer_abort(tt_tokens_writer *w);
+
+/* Maps the file; fails (TT_ERR_IO) on a bad magic, version or width, or a
+ * size other than header + num_tokens * token_bytes. */
+tt_status tt_tokens_open(const char *path, tt_tokens **out);
+void tt_tokens_close(tt_tokens *t);
+int64_t tt_tokens_len(const tt_tokens *t);
+tt_status tt_tokens_describe(const tt_tokens *t, tt_tokens_header *out);
+/* Tokens [start, start + len) into dst as int32 or int64 (dtype TT_I32/TT_I64). */
+tt_status tt_tokens_read(const tt_tokens *t, int64_t start, int64_t len, int dtype, void *dst);
+/* The same into a contiguous cpu i32/i64 tensor, from element dst_offset. */
+tt_status tt_tokens_read_tensor(const tt_tokens *t, int64_t start, int64_t len, tt_tensor *dst, int64_t dst_offset);
+
+/* ---- checkpoints (engine/checkpoint.c, engine/safetensors.c) ---- */
+/* TT_SECTION_CHECKPOINT: the byte side of checkpoints (docs/checkpoint_format.md);
+ * the decisions (chunks, boxes, metadata) are Lua's: lua/titan/checkpoint/. */
+
+/* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) of n bytes,
+ * continuing from crc (0 to start): tt_crc32c(0, "123456789", 9) == 0xE3069283. */
+uint32_t tt_crc32c(uint32_t crc, const void *data, size_t n);
+
+/* One rank's data file: a 64-byte header ("TITANCKP", version, rank, chunk
+ * count, file size), then each queued tensor packed at a 64-byte aligned
+ * offset. The file is created with O_EXCL (never replaces one) and fsync'ed. */
+typedef struct tt_ckpt_writer tt_ckpt_writer;
+tt_status tt_ckpt_writer_open(const char *path, int rank, tt_ckpt_writer **out);
+/* Queue t's elements (contiguous order) stored as dtype (-1: t's own).
+ * snapshot = 1 copies them into host memory now, so t may change as soon as
+ * this returns (async saves); else t is retained and read when written.
+ * *offset, *nbytes: where the bytes will lie in the file. */
+tt_status tt_ckpt_writer_add(tt_ckpt_writer *w, tt_tensor *t, int dtype, int snapshot, uint64_t *offset,
+                             uint64_t *nbytes);
+/* Write everything: now (async = 0), or on a POSIX thread (async = 1). */
+tt_status tt_ckpt_writer_start(tt_ckpt_writer *w, int async);
+/* 1 once the write has finished (or failed), 0 while it runs. */
+int tt_ckpt_writer_done(tt_ckpt_writer *w);
+/* Joins the thread; the write's status (its message in tt_last_error). */
+tt_status tt_ckpt_writer_wait(tt_ckpt_writer *w);
+/* After a successful wait: CRC-32C of item i's bytes; the file's size. */
+uint32_t tt_ckpt_writer_crc(const tt_ckpt_writer *w, int64_t i);
+uint64_t tt_ckpt_writer_size(const tt_ckpt_writer *w);
+/* Joins a running thread first; releases what is still queued. */
+void tt_ckpt_writer_free(tt_ckpt_writer *w);
+/* A data file's header fields and its size on disk (fails on a bad magic
+ * or a file shorter than the header). */
+tt_status tt_ckpt_file_header(const char *path, uint32_t *version, uint32_t *rank, uint64_t *nchunks,
+                              uint64_t *size_field, uint64_t *actual_size);
+
+/* Copy the box [start, start + count) of a stored chunk (a packed row-major
+ * array of `shape` in `dtype` at byte `offset` of `path`) into the box at
+ * dst_start of dst (any dtype, strides, device): pread of the overlapping
+ * byte ranges (one read of the span when dense, one per contiguous run when
+ * sparse), converted on the way. verify = 1 (whole chunk only) checks the
+ * bytes against crc. `what` (the tensor's name) goes into error messages. */
+tt_status tt_ckpt_read(const char *path, uint64_t offset, int dtype, int ndim, const int64_t *shape,
+                       const int64_t *start, const int64_t *count, tt_tensor *dst, const int64_t *dst_start,
+                       int verify, uint32_t crc, const char *what);
+/* CRC-32C of bytes [offset, offset + nbytes) of path against crc (streamed). */
+tt_status tt_ckpt_verify(const char *path, uint64_t offset, uint64_t nbytes, uint32_t crc, const char *what);
+
+/* safetensors: writes the 8-byte little-endian length, the JSON header
+ * (padded with spaces to 8 bytes) and the tensors' packed bytes in order
+ * (O_EXCL, fsync'ed). header must list them with matching data_offsets. */
+tt_status tt_safetensors_write(const char *path, const char *header, size_t header_len, int n,
+                               tt_tensor *const *ts);
+/* The JSON header (buf = NULL: only *len); data starts at *data_start. */
+tt_status tt_safetensors_header(const char *path, char *buf, size_t cap, size_t *len, uint64_t *data_start);
+
+/* File-system steps of a crash-safe commit. */
+tt_status tt_fs_mkdirs(const char *path);
+/* Creates path (O_EXCL), writes n bytes, fsyncs. */
+tt_status tt_fs_write_file(const char *path, const void *data, size_t n);
+tt_status tt_fs_sync_dir(const char *path);
+/* exchange = 0: rename, failing when `to` exists; 1: swap the two atomically. */
+tt_status tt_fs_rename(const char *from, const char *to, int exchange);
+tt_status tt_fs_remove_all(const char *path);
+/* Names in dir, each followed by '\n' (*len: bytes needed, without the NUL). */
+tt_status tt_fs_list(const char *dir, char *buf, size_t cap, size_t *len);
+/* Size in bytes; -1 when missing, -2 for a folder. */
+int64_t tt_fs_size(const char *path);
+int64_t tt_process_id(void);
+
+/* SIGTERM/SIGINT set a flag (a second one while it is pending kills as
+ * usual); the trainer polls it at step boundaries, saves and stops. */
+tt_status tt_signal_install(void);
+/* The pending signal's number, 0 when none. */
+int tt_signal_pending(void);
+void tt_signal_clear(void);
 
 /* TT_CDEF_END */
 

@@ -1,19 +1,10 @@
 -- metrics.lua — one log line per step (TorchTitan's fixed names: loss,
 -- grad_norm, lr, memory, tps, tflops, mfu) and a JSONL file of the same.
 local titan = require("titan")
-local ffi = require("ffi")
 
 local M = {}
 
-pcall(ffi.cdef, [[
-typedef struct { long tv_sec; long tv_nsec; } tt_metrics_timespec;
-int clock_gettime(int clk_id, tt_metrics_timespec *tp);
-]])
-local ts = ffi.new("tt_metrics_timespec")
-function M.now()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+M.now = require("titan.clock").now
 
 -- Total host memory, for the memory percentage on the CPU.
 local function host_memory_bytes()

@@ -1,0 +1,329 @@
+-- checkpoint/hf.lua — Hugging Face Llama interop: our (TorchTitan's) names
+-- <-> LlamaForCausalLM's, the q/k row order for rotary embeddings, and
+-- config.json.
+--
+-- Titan/Meta rotate adjacent pairs (2i, 2i+1) of each head; HF rotates
+-- halves (i, i + d/2). Row h*d + 2i + j of our wq/wk is row h*d + j*d/2 + i
+-- of HF's (the permute of HF's convert_llama_weights_to_hf.py). Both
+-- directions are strided views ([H, d/2, 2, in] transposed to
+-- [H, 2, d/2, in]): export packs the view in C, import reads the file
+-- straight into the view; no element loop runs in Lua.
+--
+--   hf.export({ model = m } | { checkpoint = dir }, out_dir, { args =, dtype =, max_shard_bytes = })
+--   hf.import(hf_dir, model)          hf.to_checkpoint(hf_dir, out_dir)
+require("titan") -- the tensor face complete (views come with titan.ops)
+local tensor = require("titan.tensor")
+local autograd = require("titan.autograd")
+local json = require("titan.checkpoint.json")
+local fs = require("titan.checkpoint.fs")
+local format = require("titan.checkpoint.format")
+local safetensors = require("titan.checkpoint.safetensors")
+
+local M = {}
+
+M.MAX_SHARD_BYTES = 5e9 -- transformers' default max_shard_size ("5GB")
+M.INDEX = "model.safetensors.index.json"
+M.SINGLE = "model.safetensors"
+
+local function fail(fmt, ...) error(("hf: " .. fmt):format(...), 0) end
+
+-- Ordered { titan, hf, shape, heads (q/k: rows are permuted per head) }.
+function M.name_map(a)
+  local hd = a.head_dim or a.dim / a.n_heads
+  local D, F, V = a.dim, a.ffn_hidden, a.vocab_size
+  local q, kv = a.n_heads * hd, a.n_kv_heads * hd
+  local list = { { titan = "tok_embeddings.weight", hf = "model.embed_tokens.weight", shape = { V, D } } }
+  local function add(t, h, shape, heads) list[#list + 1] = { titan = t, hf = h, shape = shape, heads = heads } end
+  for i = 0, a.n_layers - 1 do
+    local L, H = ("layers.%d."):format(i), ("model.layers.%d."):format(i)
+    add(L .. "attention.wq.weight", H .. "self_attn.q_proj.weight", { q, D }, a.n_heads)
+    add(L .. "attention.wk.weight", H .. "self_attn.k_proj.weight", { kv, D }, a.n_kv_heads)
+    add(L .. "attention.wv.weight", H .. "self_attn.v_proj.weight", { kv, D })
+    add(L .. "attention.wo.weight", H .. "self_attn.o_proj.weight", { D, q })
+    add(L .. "feed_forward.w1.weight", H .. "mlp.gate_proj.weight", { F, D })
+    add(L .. "feed_forward.w3.weight", H .. "mlp.up_proj.weight", { F, D })
+    add(L .. "feed_forward.w2.weight", H .. "mlp.down_proj.weight", { D, F })
+    add(L .. "attention_norm.weight", H .. "input_layernorm.weight", { D })
+    add(L .. "ffn_norm.weight", H .. "post_attention_layernorm.weight", { D })
+  end
+  add("norm.weight", "model.norm.weight", { D })
+  if not a.tie_embeddings then add("output.weight", "lm_head.weight", { V, D }) end
+  return list
+end
+
+-- The strided view of a [heads * d, in] weight in the other row order:
+-- to_hf = true gives HF's order from ours, false ours from HF's (as a
+-- destination to read HF bytes into, with the stored shape [H, 2, d/2, in]).
+local function permuted(w, heads)
+  local rows, cols = w:size(1), w:size(2)
+  local hd = rows / heads
+  return autograd.no_grad(function() return w:view(heads, hd / 2, 2, cols):transpose(2, 3) end)
+end
+
+function M.config(a, dtype)
+  local sc = a.rope_scaling
+  local scaling = json.null
+  if sc and sc.factor and sc.factor > 1 then
+    scaling = { rope_type = "llama3", factor = sc.factor, low_freq_factor = sc.low_freq_factor,
+      high_freq_factor = sc.high_freq_factor, original_max_position_embeddings = sc.original_max_seq }
+  end
+  return {
+    architectures = json.array({ "LlamaForCausalLM" }), model_type = "llama",
+    hidden_size = a.dim, intermediate_size = a.ffn_hidden, num_attention_heads = a.n_heads,
+    num_key_value_heads = a.n_kv_heads, num_hidden_layers = a.n_layers, head_dim = a.head_dim or a.dim / a.n_heads,
+    rms_norm_eps = a.norm_eps, rope_theta = a.rope_theta, rope_scaling = scaling, vocab_size = a.vocab_size,
+    tie_word_embeddings = a.tie_embeddings and true or false, max_position_embeddings = a.max_seq_len,
+    torch_dtype = dtype, hidden_act = "silu", attention_bias = false, attention_dropout = 0.0, mlp_bias = false,
+    initializer_range = 0.02, pretraining_tp = 1, use_cache = true,
+  }
+end
+
+-- config.json -> the model arguments the weights need (names as llama3.args).
+function M.args_from_config(c, where)
+  local function need(k)
+    if type(c[k]) ~= "number" then fail("%s has no numeric %s", where, k) end
+    return c[k]
+  end
+  local a = {
+    dim = need("hidden_size"), n_layers = need("num_hidden_layers"), n_heads = need("num_attention_heads"),
+    vocab_size = need("vocab_size"), ffn_hidden = need("intermediate_size"),
+    tie_embeddings = c.tie_word_embeddings == true,
+  }
+  a.n_kv_heads = type(c.num_key_value_heads) == "number" and c.num_key_value_heads or a.n_heads
+  a.head_dim = type(c.head_dim) == "number" and c.head_dim or a.dim / a.n_heads
+  return a
+end
+
+local function read_config(dir)
+  local path = fs.join(dir, "config.json")
+  local text = fs.read_file(path)
+  if not text then fail("%s has no config.json", dir) end
+  return json.decode(text, "hf: " .. path), path
+end
+
+-- ---- export --------------------------------------------------------------------
+
+-- Where the tensors come from: a model's parameters, or a titan checkpoint
+-- (each read whole, converted to the export dtype on the way).
+local function source_of(src, dtype)
+  if src.model then
+    local sd = src.model:state_dict()
+    return {
+      shape = function(name) return sd.tensors[name] and sd.tensors[name]:shape() end,
+      get = function(name) return sd.tensors[name], false end,
+    }
+  end
+  local dir = src.checkpoint
+  local ck = type(dir) == "table" and dir or format.open(dir)
+  return {
+    ck = ck,
+    shape = function(name) return ck:has(name) and ck:entry(name).shape end,
+    get = function(name)
+      ck:check_files({ name })
+      return ck:load_tensor(name, { dtype = dtype }), true
+    end,
+  }
+end
+
+-- Write out_dir (a new folder: never replaces one) with config.json and
+-- model.safetensors, or shards + model.safetensors.index.json beyond
+-- opts.max_shard_bytes. opts.args: model arguments (llama3.args); opts.dtype:
+-- float32 (default) or bfloat16.
+function M.export(src, out_dir, opts)
+  opts = opts or {}
+  local a = opts.args or (src.model and src.model.args)
+  if not a then fail("export needs the model arguments (opts.args)") end
+  local dtype = opts.dtype or "float32"
+  if dtype ~= "float32" and dtype ~= "bfloat16" then fail("export dtype must be float32 or bfloat16, got %s", dtype) end
+  local max_bytes = opts.max_shard_bytes or M.MAX_SHARD_BYTES
+  local source = source_of(src, dtype)
+  local map = M.name_map(a)
+  local known = {}
+  for _, m in ipairs(map) do
+    known[m.titan] = true
+    local have = source.shape(m.titan)
+    if not have then fail("the source has no tensor %s (expected shape %s)", m.titan, tensor.shape_str(m.shape)) end
+    if tensor.shape_str(have) ~= tensor.shape_str(m.shape) then
+      fail("tensor %s has shape %s but the model arguments give %s (another flavor?)", m.titan,
+        tensor.shape_str(have), tensor.shape_str(m.shape))
+    end
+  end
+  if source.ck then
+    for _, name in ipairs(source.ck:names()) do
+      if not name:match("^optimizer%.") and not known[name] then
+        fail("checkpoint %s holds %s, which the model arguments do not have (another flavor?)", source.ck.dir, name)
+      end
+    end
+  end
+  if fs.exists(out_dir) and not (fs.is_dir(out_dir) and #fs.list(out_dir) == 0) then
+    fail("%s already exists; export writes a new folder and never replaces one", out_dir)
+  end
+  -- Shards in map order, each at most max_bytes (a bigger tensor alone).
+  local esize = dtype == "float32" and 4 or 2
+  local shards, cur, cur_bytes, total = {}, nil, 0, 0
+  for _, m in ipairs(map) do
+    local n = 1
+    for _, s in ipairs(m.shape) do n = n * s end
+    n = n * esize
+    if not cur or (cur_bytes + n > max_bytes and #cur > 0) then
+      cur, cur_bytes = {}, 0
+      shards[#shards + 1] = cur
+    end
+    cur[#cur + 1] = m
+    cur_bytes, total = cur_bytes + n, total + n
+  end
+  local tmp = fs.join(fs.dirname(out_dir), ("." .. fs.basename(out_dir) .. ".tmp-%d"):format(fs.pid()))
+  if fs.exists(tmp) then fs.remove_all(tmp) end
+  fs.mkdirs(tmp)
+  local weight_map = {}
+  for i, shard in ipairs(shards) do
+    local file = #shards == 1 and M.SINGLE or ("model-%05d-of-%05d.safetensors"):format(i, #shards)
+    local entries, shapes, owned = {}, {}, {}
+    for _, m in ipairs(shard) do
+      local t, own = source.get(m.titan)
+      if own then owned[#owned + 1] = t end
+      if t:dtype() ~= dtype then
+        t = t:to(dtype)
+        owned[#owned + 1] = t
+      end
+      if m.heads then
+        t = permuted(t, m.heads)
+        owned[#owned + 1] = t
+        shapes[m.hf] = m.shape
+      end
+      entries[#entries + 1] = { m.hf, t }
+      weight_map[m.hf] = file
+    end
+    safetensors.write(fs.join(tmp, file), entries, { shapes = shapes, metadata = { format = "pt" } })
+    for _, t in ipairs(owned) do t:free() end
+  end
+  if #shards > 1 then
+    fs.write_file(fs.join(tmp, M.INDEX), json.encode({ metadata = { total_size = total }, weight_map = weight_map }, 2) .. "\n")
+  end
+  fs.write_file(fs.join(tmp, "config.json"), json.encode(M.config(a, dtype), 2) .. "\n")
+  fs.sync_dir(tmp)
+  if fs.is_dir(out_dir) then fs.remove_all(out_dir) end -- an empty folder only (checked above)
+  fs.rename(tmp, out_dir)
+  fs.sync_dir(fs.dirname(out_dir))
+  return out_dir
+end
+
+-- ---- import --------------------------------------------------------------------
+
+-- name -> open safetensors file holding it, for a folder (single file or index).
+local function open_folder(dir)
+  local files, where = {}, {}
+  local index = fs.join(dir, M.INDEX)
+  if fs.exists(index) then
+    local idx = json.decode(fs.read_file(index), "hf: " .. index)
+    if type(idx) ~= "table" or type(idx.weight_map) ~= "table" then fail("%s has no weight_map", index) end
+    for name, file in pairs(idx.weight_map) do
+      if not files[file] then
+        local path = fs.join(dir, file)
+        if not fs.exists(path) then fail("%s lists %s, which is missing (tensor %s)", index, file, name) end
+        files[file] = safetensors.open(path)
+      end
+      if not files[file]:entry(name) then fail("%s: %s has no tensor %s", index, file, name) end
+      where[name] = files[file]
+    end
+  else
+    local path = fs.join(dir, M.SINGLE)
+    if not fs.exists(path) then fail("%s has neither %s nor %s", dir, M.SINGLE, M.INDEX) end
+    local f = safetensors.open(path)
+    for _, name in ipairs(f:names()) do where[name] = f end
+  end
+  return where
+end
+
+-- The reads for args `a` from an HF folder: { {m, file, dst = fn(tensor)} }, validated.
+local function plan_import(dir, a)
+  local where = open_folder(dir)
+  local map, wanted = M.name_map(a), {}
+  local plan = {}
+  local tied_src = nil
+  for _, m in ipairs(map) do
+    wanted[m.hf] = true
+    local f = where[m.hf]
+    if not f then fail("%s has no tensor %s (for our %s)", dir, m.hf, m.titan) end
+    local e = f:entry(m.hf)
+    if tensor.shape_str(e.shape) ~= tensor.shape_str(m.shape) then
+      fail("%s: tensor %s has shape %s but the model needs %s (another model size?)", dir, m.hf,
+        tensor.shape_str(e.shape), tensor.shape_str(m.shape))
+    end
+    plan[#plan + 1] = { m = m, file = f, dtype = e.our_dtype }
+    if m.titan == "tok_embeddings.weight" then tied_src = plan[#plan] end
+  end
+  local unexpected = {}
+  for name in pairs(where) do
+    if not wanted[name] and not name:match("rotary_emb%.inv_freq$") and not (a.tie_embeddings and name == "lm_head.weight") then
+      unexpected[#unexpected + 1] = name
+    end
+  end
+  table.sort(unexpected)
+  if #unexpected > 0 then
+    fail("%s holds %d tensor(s) the model lacks (%s%s): another model shape?", dir, #unexpected,
+      table.concat(unexpected, ", ", 1, math.min(3, #unexpected)), #unexpected > 3 and ", ..." or "")
+  end
+  return plan, tied_src
+end
+
+local function read_into(p, dst)
+  local m = p.m
+  if m.heads then
+    local view = permuted(dst, m.heads)
+    local rows, cols = m.shape[1], m.shape[2]
+    p.file:read(m.hf, view, { shape = { m.heads, 2, rows / m.heads / 2, cols } })
+    view:free()
+  else
+    p.file:read(m.hf, dst)
+  end
+end
+
+-- Load an HF Llama folder into `model` (its args give the layout; a
+-- config.json that disagrees is an error naming the field).
+function M.import(dir, model)
+  local a = model.args
+  local cfg_path = fs.join(dir, "config.json")
+  if fs.exists(cfg_path) then
+    local c = read_config(dir)
+    local got = M.args_from_config(c, cfg_path)
+    for _, k in ipairs({ { "hidden_size", "dim" }, { "num_hidden_layers", "n_layers" },
+      { "num_attention_heads", "n_heads" }, { "num_key_value_heads", "n_kv_heads" }, { "vocab_size", "vocab_size" },
+      { "intermediate_size", "ffn_hidden" } }) do
+      if got[k[2]] ~= a[k[2]] then
+        fail("%s has %s = %s but the model has %s = %s", cfg_path, k[1], tostring(got[k[2]]), k[2], tostring(a[k[2]]))
+      end
+    end
+  end
+  local plan = plan_import(dir, a)
+  local sd = model:state_dict()
+  for _, p in ipairs(plan) do
+    if not sd.tensors[p.m.titan] then fail("the model has no parameter %s", p.m.titan) end
+  end
+  autograd.no_grad(function()
+    for _, p in ipairs(plan) do read_into(p, sd.tensors[p.m.titan]) end
+  end)
+  return model
+end
+
+-- An HF folder -> a titan checkpoint folder out_dir (model only, step 0,
+-- stored in the HF dtype), loadable as checkpoint.initial_load_path.
+function M.to_checkpoint(dir, out_dir, opts)
+  opts = opts or {}
+  local c, cfg_path = read_config(dir)
+  local a = M.args_from_config(c, cfg_path)
+  if fs.exists(out_dir) then fail("%s already exists; conversion writes a new checkpoint and never replaces one", out_dir) end
+  local plan = plan_import(dir, a)
+  local items, owned = {}, {}
+  for _, p in ipairs(plan) do
+    local t = tensor.empty(p.m.shape, { dtype = opts.dtype or p.dtype })
+    read_into(p, t)
+    items[#items + 1] = { name = p.m.titan, tensor = t }
+    owned[#owned + 1] = t
+  end
+  format.write(out_dir, { items }, { step = 0, model_only = true, train_state = { extra = {}, hf_config = c } })
+  for _, t in ipairs(owned) do t:free() end
+  return out_dir, a
+end
+
+return M

@@ -1,0 +1,291 @@
+-- checkpoint/manager.lua — the CheckpointManager: when to save, where, in
+-- the background or not, what to keep, and what to load at start-up.
+--
+--   local mgr = ckpt.Manager(cfg.checkpoint, { dump_folder = cfg.job.dump_folder, rank = 0, world = 1 })
+--   local step = mgr:load(state)              -- nil: nothing to load, train from scratch
+--   ... each step: mgr:maybe_save(step, state, { final = step == last })
+--   mgr:close()                               -- waits for an async save in flight
+--
+-- state = { model =, optimizer =, dataloader =, extra = { step =, rng =, lr_step = } }.
+-- With world > 1, opts.gather(value) -> { value of rank 0, ..., value of rank W-1 }
+-- (an all-gather of Lua tables) and opts.barrier() come from the
+-- distributed layer; rank 0 writes metadata.json and commits.
+local format = require("titan.checkpoint.format")
+local state = require("titan.checkpoint.state")
+local fs = require("titan.checkpoint.fs")
+
+local M = {}
+
+local Manager = {}
+Manager.__index = Manager
+M.Manager = Manager
+
+local function fail(fmt, ...) error(("checkpoint: " .. fmt):format(...), 0) end
+
+-- The `checkpoint` config section's keys, defaults and meaning (for config.lua).
+M.defaults = {
+  enable = false,
+  folder = "checkpoint",          -- relative to job.dump_folder (or absolute)
+  interval = 500,                 -- save every `interval` steps
+  load_step = -1,                 -- -1: the latest complete checkpoint; N: step-N exactly
+  keep_latest_k = 10,             -- keep the newest k complete checkpoints (0: keep all)
+  async_mode = "disabled",        -- disabled | async (host snapshot, written by a background thread)
+  last_save_model_only = false,   -- the final save holds the model only (in export_dtype)
+  export_dtype = "float32",       -- float32 | bfloat16: dtype of a model-only final save
+  exclude_from_loading = "",      -- comma-separated: dataloader, optimizer, lr_scheduler
+  initial_load_path = "",         -- a checkpoint (step folder, folder of steps, or HF folder) when the folder has none
+  initial_load_model_only = true, -- from initial_load_path load the model only
+  create_seed_checkpoint = false, -- save step 0 (model only) and stop
+}
+
+local EXCLUDABLE = { dataloader = true, optimizer = true, lr_scheduler = true }
+local ASYNC = { disabled = false, async = true, async_with_pinned_mem = true }
+local EXPORT = { float32 = true, bfloat16 = true }
+
+local function warn(msg)
+  io.stderr:write("titan: checkpoint: " .. msg .. "\n")
+  io.stderr:flush()
+end
+
+-- cfg: the `checkpoint` section (missing keys take M.defaults); opts:
+-- dump_folder, rank, world, gather, barrier, shard_of, log (a function
+-- receiving info lines; default: print on rank 0).
+function M.new(cfg, opts)
+  cfg = cfg or {}
+  opts = opts or {}
+  local c = {}
+  for k, v in pairs(M.defaults) do
+    if cfg[k] == nil then c[k] = v else c[k] = cfg[k] end
+  end
+  for k in pairs(cfg) do
+    if M.defaults[k] == nil then fail("unknown key checkpoint.%s", tostring(k)) end
+  end
+  if ASYNC[c.async_mode] == nil then
+    fail("checkpoint.async_mode must be disabled or async, got '%s'", tostring(c.async_mode))
+  end
+  if not EXPORT[c.export_dtype] then
+    fail("checkpoint.export_dtype must be float32 or bfloat16, got '%s'", tostring(c.export_dtype))
+  end
+  if type(c.interval) ~= "number" or c.interval < 1 or c.interval % 1 ~= 0 then
+    fail("checkpoint.interval must be a positive integer, got %s", tostring(c.interval))
+  end
+  if type(c.keep_latest_k) ~= "number" or c.keep_latest_k < 0 or c.keep_latest_k % 1 ~= 0 then
+    fail("checkpoint.keep_latest_k must be 0 (keep all) or a positive integer, got %s", tostring(c.keep_latest_k))
+  end
+  local exclude = {}
+  for name in tostring(c.exclude_from_loading):gmatch("[^,%s]+") do
+    if not EXCLUDABLE[name] then
+      fail("checkpoint.exclude_from_loading: unknown part '%s'; expected dataloader, optimizer or lr_scheduler", name)
+    end
+    exclude[name] = true
+  end
+  local rank, world = opts.rank or 0, opts.world or 1
+  if world > 1 and not (opts.gather and opts.barrier) then
+    fail("a world of %d ranks needs opts.gather and opts.barrier from the distributed layer", world)
+  end
+  local self = setmetatable({
+    cfg = c, enable = c.enable, interval = c.interval, async = ASYNC[c.async_mode], exclude = exclude,
+    folder = fs.join(opts.dump_folder or ".", c.folder), rank = rank, world = world,
+    gather = opts.gather or function(v) return { v } end, barrier = opts.barrier or function() end,
+    shard_of = opts.shard_of, pending = nil, last_saved = nil,
+    log = opts.log or function(msg) if rank == 0 then print("checkpoint: " .. msg) end end,
+  }, Manager)
+  return self
+end
+
+function Manager:should_save(step, final)
+  if not self.enable then return false end
+  return final or (step > 0 and step % self.interval == 0)
+end
+
+-- ---- saving --------------------------------------------------------------------
+
+-- opts: force (save whatever the interval), final (the last step: model
+-- only in export_dtype when last_save_model_only). Returns the step folder
+-- (committed when sync; committed by poll/wait/close/the next save when async).
+function Manager:save(step, parts, opts)
+  opts = opts or {}
+  if not self.enable then return nil end
+  if not (opts.force or self:should_save(step, opts.final)) then return nil end
+  self:wait()
+  if self.last_saved == step and not opts.final then return format.step_dir(self.folder, step) end
+  local model_only = step == 0 or (opts.final and self.cfg.last_save_model_only)
+  local dtype = opts.final and self.cfg.last_save_model_only and self.cfg.export_dtype or nil
+  local items, ts = state.collect(parts, { model_only = model_only, dtype = dtype, shard_of = self.shard_of })
+  if self.world > 1 then -- write each replicated box once (the lowest rank holding it)
+    local mine = {}
+    for i, it in ipairs(items) do mine[i] = { name = it.name, offset = it.offset, size = it.tensor:shape() } end
+    local keep = require("titan.checkpoint.layout").dedup(self.gather(mine))[self.rank + 1]
+    local kept = {}
+    for i, it in ipairs(items) do
+      if keep[i] then kept[#kept + 1] = it end
+    end
+    items = kept
+  end
+  local final = format.step_dir(self.folder, step)
+  local token = self.gather(fs.pid())[1] -- rank 0's pid names the temporary folder
+  local tmp = fs.join(self.folder, (".step-%d.tmp-%d"):format(step, token))
+  if self.rank == 0 then
+    fs.mkdirs(self.folder)
+    if fs.exists(tmp) then fs.remove_all(tmp) end
+  end
+  self.barrier()
+  fs.mkdirs(tmp)
+  local w = format.writer(tmp, self.rank, { async = self.async })
+  for _, it in ipairs(items) do w:add(it) end
+  w:start()
+  self.pending = { writer = w, step = step, tmp = tmp, final = final, ts = ts, model_only = model_only }
+  if not self.async then self:wait() end
+  return final
+end
+
+-- Commit the pending save (metadata on rank 0, COMPLETE, rename), then purge.
+function Manager:_commit()
+  local p = self.pending
+  self.pending = nil
+  local ok, part = pcall(p.writer.finish, p.writer)
+  if not ok then
+    if fs.exists(p.tmp) then pcall(fs.remove_all, p.tmp) end
+    error(part, 0)
+  end
+  local parts = self.gather(part)
+  if self.rank == 0 then
+    format.commit(p.tmp, p.final, format.metadata(parts, { step = p.step, model_only = p.model_only,
+      train_state = p.ts }))
+    self.log(("saved step %d%s to %s"):format(p.step, p.model_only and " (model only)" or "", p.final))
+  end
+  self.barrier()
+  self.last_saved = p.step
+  if self.rank == 0 then self:purge() end
+end
+
+-- Non-blocking: commits an async save whose bytes are on disk. Call it once
+-- per step; returns true when nothing is in flight any more.
+function Manager:poll()
+  if self.pending and (not self.async or self.pending.writer:done()) then self:_commit() end
+  return self.pending == nil
+end
+
+-- Blocks until the save in flight (if any) is written and committed.
+function Manager:wait()
+  if self.pending then self:_commit() end
+end
+
+function Manager:close() self:wait() end
+
+-- poll + save when the interval (or final) says so: the one call per step.
+function Manager:maybe_save(step, parts, opts)
+  self:poll()
+  if self:should_save(step, opts and opts.final) or (opts and opts.force) then return self:save(step, parts, opts) end
+end
+
+-- Keep the newest keep_latest_k complete checkpoints (never the newest);
+-- also clears temporary folders of processes that died (single host only).
+function Manager:purge()
+  local k = self.cfg.keep_latest_k
+  local steps = {}
+  for _, s in ipairs(format.list_steps(self.folder)) do
+    if s.complete then steps[#steps + 1] = s end
+  end
+  if k > 0 then
+    for i = 1, #steps - math.max(k, 1) do
+      local s = steps[i]
+      -- rename first: a crash mid-removal leaves no half-deleted step-N behind
+      local doomed = fs.join(self.folder, (".purge-step-%d-%d"):format(s.step, fs.pid()))
+      local ok = pcall(fs.rename, s.dir, doomed)
+      if ok then pcall(fs.remove_all, doomed) end
+    end
+  end
+  if self.world == 1 and fs.is_dir(self.folder) then
+    for _, name in ipairs(fs.list(self.folder)) do
+      local pid = name:match("^%.step%-%d+%.tmp%-(%d+)$") or name:match("^%.purge%-step%-%d+%-(%d+)$")
+      if pid and tonumber(pid) ~= fs.pid() and not fs.alive(pid) then pcall(fs.remove_all, fs.join(self.folder, name)) end
+    end
+  end
+end
+
+-- ---- loading -------------------------------------------------------------------
+
+-- Complete step folders in the folder; step folders without COMPLETE are
+-- reported (one stderr line each) and skipped.
+function Manager:complete_steps(quiet)
+  local out = {}
+  for _, s in ipairs(format.list_steps(self.folder)) do
+    if s.complete then
+      out[#out + 1] = s
+    elseif not quiet then
+      warn(("ignoring %s: no %s marker (an interrupted or partial save)"):format(s.dir, format.MARKER))
+    end
+  end
+  return out
+end
+
+-- A path given by the user: a step folder, or a folder of step folders
+-- (its latest complete one), or a Hugging Face folder ("hf").
+local function resolve_path(path)
+  if format.is_complete(path) then return path, "titan" end
+  if fs.exists(fs.join(path, "config.json")) and (fs.exists(fs.join(path, "model.safetensors"))
+    or fs.exists(fs.join(path, "model.safetensors.index.json"))) then
+    return path, "hf"
+  end
+  local steps = format.list_steps(path)
+  for i = #steps, 1, -1 do
+    if steps[i].complete then return steps[i].dir, "titan" end
+  end
+  if fs.is_dir(path) and format.list_steps(path)[1] == nil and fs.exists(fs.join(path, format.METADATA)) then
+    fail("%s is incomplete (no %s marker: an interrupted save); it cannot be loaded", path, format.MARKER)
+  end
+  fail("initial_load_path %s holds no complete checkpoint (step folder with %s, folder of step-N, or HF folder)",
+    path, format.MARKER)
+end
+
+-- Load what the config asks for into parts. Returns the step loaded and
+-- an info table { extra =, lr_step =, path =, model_only = }, or nil when
+-- there is nothing to load (train from scratch). parts.extra, when a table,
+-- receives the saved extra fields.
+function Manager:load(parts)
+  if not self.enable then return nil end
+  self:wait()
+  local dir, kind, model_only, initial
+  local want = self.cfg.load_step
+  if want >= 0 then
+    dir = format.step_dir(self.folder, want)
+    if not fs.is_dir(dir) then
+      local have = {}
+      for _, s in ipairs(self:complete_steps(true)) do have[#have + 1] = tostring(s.step) end
+      fail("checkpoint.load_step = %d but %s does not exist (complete steps: %s)", want, dir,
+        #have > 0 and table.concat(have, ", ") or "none")
+    end
+    kind = "titan"
+  else
+    local steps = self:complete_steps()
+    if #steps > 0 then dir, kind = steps[#steps].dir, "titan" end
+  end
+  if not dir and self.cfg.initial_load_path ~= "" then
+    dir, kind = resolve_path(self.cfg.initial_load_path)
+    model_only, initial = self.cfg.initial_load_model_only, true
+  end
+  if not dir then return nil end
+  if kind == "hf" then
+    require("titan.checkpoint.hf").import(dir, parts.model)
+    self.log(("loaded the model from Hugging Face folder %s"):format(dir))
+    return 0, { path = dir, model_only = true, extra = {} }
+  end
+  local ck = format.open(dir)
+  if ck.step == 0 then model_only = true end -- a seed checkpoint
+  local ts = state.restore(ck, parts, { model_only = model_only, exclude = self.exclude, shard_of = self.shard_of })
+  model_only = model_only or ck.meta.model_only
+  local step = initial and 0 or ck.step
+  local info = { path = dir, model_only = model_only, extra = {} }
+  if not model_only then
+    info.extra = ts.extra or {}
+    if not self.exclude.lr_scheduler and type(ts.lr_scheduler) == "table" then info.lr_step = ts.lr_scheduler.step end
+    if type(parts.extra) == "table" then
+      for k, v in pairs(info.extra) do parts.extra[k] = v end
+    end
+  end
+  self.log(("loaded step %d from %s%s"):format(ck.step, dir, model_only and " (model only)" or ""))
+  return step, info
+end
+
+return M

@@ -1,0 +1,88 @@
+-- data/build.lua — what the trainer uses by default: the config's dataset
+-- section turned into {train = loader, val = loader}. A recipe replaces it
+-- with its own build_data (see lua/recipes/llama3_debugmodel_mix.lua).
+local M = {}
+
+local FORTUNES = "/usr/share/games/fortunes"
+
+local function data() return require("titan.data") end
+
+-- The Debian fortunes corpus, sorted by name; opts.from/opts.to keep the
+-- files whose names start with a letter in that range.
+function M.fortune_files(opts)
+  opts = opts or {}
+  local f = io.open(FORTUNES .. "/fortunes", "r")
+  if not f then
+    error("data: the fortunes corpus is missing (" .. FORTUNES .. "); install the Debian package: apt-get install fortunes", 0)
+  end
+  f:close()
+  local files = require("titan.cli.data").expand_inputs({ FORTUNES }, function() end)
+  if opts.from or opts.to then
+    local from, to = opts.from or "a", opts.to or "z"
+    local keep = {}
+    for _, p in ipairs(files) do
+      local c = p:match("([^/]*)$"):sub(1, 1):lower()
+      if c >= from and c <= to then keep[#keep + 1] = p end
+    end
+    files = keep
+  end
+  return files
+end
+
+local function split_paths(s)
+  local out = {}
+  for p in s:gmatch("[^,]+") do out[#out + 1] = p end
+  return out
+end
+
+-- The dataset files and the reader's format for training.dataset.
+function M.paths(cfg)
+  local t = cfg.training
+  if t.dataset == "fortunes" then return M.fortune_files(), "fortune" end
+  local paths = split_paths(t.dataset_path)
+  if #paths == 0 then
+    error(("data: training.dataset = %s needs training.dataset_path (comma-separated files)"):format(t.dataset), 0)
+  end
+  local formats = { text = "text", jsonl = "jsonl", bin = nil }
+  if formats[t.dataset] == nil and t.dataset ~= "bin" then
+    error(("data: unknown training.dataset '%s'; expected fortunes, text, jsonl or bin"):format(t.dataset), 0)
+  end
+  return paths, formats[t.dataset]
+end
+
+function M.build(cfg, tokenizer, dp)
+  local t = cfg.training
+  local paths, format = M.paths(cfg)
+  local train, val = data().loaders({
+    paths = paths, tokenizer = tokenizer, format = format, seq_len = t.seq_len, batch_size = t.local_batch_size,
+    rank = dp.rank, world = dp.world, seed = t.seed, shuffle = t.shuffle,
+    val_fraction = cfg.validation.enable and cfg.validation.split or 0, device = t.device,
+  })
+  return { train = train, val = val }
+end
+
+-- specs: { {name =, weight =, files = {...}, format = "fortune"}, ... }: one
+-- text dataset per spec, drawn from by weight (data.Mixture:choose is the
+-- Lua function to replace for another sampling rule).
+function M.build_mixture(cfg, tokenizer, dp, specs)
+  local d, t = data(), cfg.training
+  local frac = cfg.validation.enable and cfg.validation.split or 0
+  local parts, all = {}, {}
+  for i, s in ipairs(specs) do
+    if #s.files == 0 then error(("data: mixture part %d (%s) has no files"):format(i, tostring(s.name)), 0) end
+    local ds = d.TextDataset(s.files, tokenizer, { seq_len = t.seq_len, rank = dp.rank, world = dp.world,
+      format = s.format or "fortune", split = frac > 0 and "train" or nil, val_fraction = frac, name = s.name })
+    parts[i] = { ds, s.weight }
+    for _, f in ipairs(s.files) do all[#all + 1] = f end
+  end
+  local train = d.Loader(d.Mixture(parts, t.seed), { batch_size = t.local_batch_size, device = t.device })
+  local val
+  if frac > 0 then
+    val = d.Loader(d.TextDataset(all, tokenizer, { seq_len = t.seq_len, rank = dp.rank, world = dp.world,
+      format = specs[1].format or "fortune", split = "val", val_fraction = frac, infinite = false }),
+      { batch_size = t.local_batch_size, device = t.device })
+  end
+  return { train = train, val = val }
+end
+
+return M
