@@ -110,7 +110,7 @@ function M.inspect(dir)
   if kind == nil then error("checkpoint: " .. dir .. " does not exist", 0) end
   if kind ~= "dir" then error("checkpoint: " .. dir .. " is not a folder", 0) end
   local is_hf = fs.exists(fs.join(dir, "model.safetensors")) or fs.exists(fs.join(dir, "model.safetensors.index.json"))
-  if format.is_complete(dir) or fs.exists(fs.join(dir, format.METADATA)) then
+  if format.is_complete(dir) or fs.exists(fs.join(dir, format.METADATA)) or fs.exists(fs.join(dir, format.data_file(0))) then
     describe_step(dir, lines)
   elseif is_hf then
     local files = {}
@@ -127,12 +127,16 @@ function M.inspect(dir)
     end
   else
     local steps = format.list_steps(dir)
-    if #steps == 0 then error("checkpoint: " .. dir .. " holds no step-N folders, metadata or safetensors", 0) end
     local latest
     for _, s in ipairs(steps) do
       lines[#lines + 1] = ("step %d: %s (%s)"):format(s.step, s.complete and "complete" or "INCOMPLETE, ignored at load", s.dir)
       if s.complete then latest = s end
     end
+    for _, name in ipairs(fs.list(dir)) do
+      local n = name:match("^%.step%-(%d+)%.tmp%-%d+$")
+      if n then lines[#lines + 1] = ("step %s: interrupted or in-progress save, never loaded (%s)"):format(n, fs.join(dir, name)) end
+    end
+    if #lines == 0 then error("checkpoint: " .. dir .. " holds no step-N folders, metadata or safetensors", 0) end
     if latest then
       lines[#lines + 1] = ""
       describe_step(latest.dir, lines)

@@ -35,9 +35,11 @@ end
 local Logger = {}
 Logger.__index = Logger
 
--- opts: jsonl_path (or nil), device, peak_flops, flops_per_token, rank
+-- opts: jsonl_path (or nil), device, peak_flops, flops_per_token, rank,
+-- print (where lines go; default: stdout)
 function M.Logger(opts)
   local self = setmetatable({ opts = opts, t_start = M.now(), t_last = M.now(), tokens_since = 0 }, Logger)
+  self.print = opts.print or function(line) io.stdout:write(line, "\n"); io.stdout:flush() end
   self.mem_total = opts.device == "cpu" and host_memory_bytes() or nil
   if opts.jsonl_path then
     local f, err = io.open(opts.jsonl_path, "a")
@@ -84,18 +86,16 @@ function Logger:log_step(rec)
   rec.tps, rec.tflops, rec.mfu = tps, flops / 1e12, mfu
   rec.memory_gib, rec.memory_peak_gib, rec.memory_pct = gib, peak_gib, pct
   rec.elapsed = now - self.t_start
-  print(("step: %5d  loss: %7.4f  grad_norm: %7.4f  lr: %.2e  memory: %5.2fGiB (peak %.2fGiB, %.2f%%)  "
+  self.print(("step: %5d  loss: %7.4f  grad_norm: %7.4f  lr: %.2e  memory: %5.2fGiB (peak %.2fGiB, %.2f%%)  "
     .. "tps: %s  tflops: %.3f  mfu: %.2f%%  elapsed: %s"):format(
       rec.step, rec.loss, rec.grad_norm or 0, rec.lr or 0, gib, peak_gib, pct, M.commas(tps), flops / 1e12, mfu,
       M.duration(rec.elapsed)))
-  io.stdout:flush()
   self:write_jsonl(rec)
   self.t_last, self.tokens_since = now, 0
 end
 
 function Logger:log_validation(step, loss, ntok)
-  print(("validate: step %5d  loss: %7.4f  (%d tokens)"):format(step, loss, ntok))
-  io.stdout:flush()
+  self.print(("validate: step %5d  loss: %7.4f  (%d tokens)"):format(step, loss, ntok))
   self:write_jsonl({ step = step, validation_loss = loss, validation_tokens = ntok })
 end
 

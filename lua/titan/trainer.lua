@@ -71,8 +71,11 @@ local function mkdir_p(path)
   if ok ~= 0 and ok ~= true then error("trainer: cannot create folder " .. path, 0) end
 end
 
-function M.new(cfg)
+-- opts.print: where log lines go (default stdout).
+function M.new(cfg, opts)
+  opts = opts or {}
   local self = setmetatable({ cfg = cfg }, Trainer)
+  self.print = opts.print or function(line) io.stdout:write(line, "\n"); io.stdout:flush() end
   local t = cfg.training
   if t.threads > 0 then titan.set_num_threads(t.threads) end
   titan.manual_seed(t.seed)
@@ -143,7 +146,7 @@ function M.new(cfg)
   self.peak_flops = peak
   self.logger = metrics.Logger({
     jsonl_path = cfg.metrics.enable_jsonl and (cfg.job.dump_folder .. "/metrics.jsonl") or nil,
-    device = t.device, peak_flops = peak, flops_per_token = flops, rank = self.rank,
+    device = t.device, peak_flops = peak, flops_per_token = flops, rank = self.rank, print = self.print,
   })
   self.step = 0
   return self
@@ -151,10 +154,10 @@ end
 
 function Trainer:banner()
   local t, a = self.cfg.training, self.model.args
-  print(("titan %s | %s %s: %s parameters, dim %d, %d layers, %d heads (%d kv), vocab %d | %d threads | %s"):format(
+  self.print(("titan %s | %s %s: %s parameters, dim %d, %d layers, %d heads (%d kv), vocab %d | %d threads | %s"):format(
     titan.version(), self.cfg.model.name, self.cfg.model.flavor, metrics.commas(self.nparams), a.dim, a.n_layers,
     a.n_heads, a.n_kv_heads, a.vocab_size, titan.num_threads(), t.device))
-  print(("batch %d x %d tokens x %d accumulation = %s tokens/step | %d steps | peak %.1f GFLOP/s (%s) | %s FLOPs/token")
+  self.print(("batch %d x %d tokens x %d accumulation = %s tokens/step | %d steps | peak %.1f GFLOP/s (%s) | %s FLOPs/token")
     :format(t.local_batch_size, t.seq_len, self.grad_accum,
       metrics.commas(t.local_batch_size * t.seq_len * self.grad_accum * self.world), t.steps, self.peak_flops / 1e9,
       self.cfg.metrics.peak_flops > 0 and "configured" or "measured", metrics.commas(self.flops_per_token)))

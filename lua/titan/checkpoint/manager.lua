@@ -108,8 +108,9 @@ function Manager:save(step, parts, opts)
   if not self.enable then return nil end
   if not (opts.force or self:should_save(step, opts.final)) then return nil end
   self:wait()
-  if self.last_saved == step and not opts.final then return format.step_dir(self.folder, step) end
-  local model_only = step == 0 or (opts.final and self.cfg.last_save_model_only)
+  local model_only = step == 0 or (opts.final and self.cfg.last_save_model_only) or false
+  -- already saved at this step (an interval save, then the final one or a signal's)
+  if self.last_saved == step and self.last_model_only == model_only then return format.step_dir(self.folder, step) end
   local dtype = opts.final and self.cfg.last_save_model_only and self.cfg.export_dtype or nil
   local items, ts = state.collect(parts, { model_only = model_only, dtype = dtype, shard_of = self.shard_of })
   if self.world > 1 then -- write each replicated box once (the lowest rank holding it)
@@ -132,8 +133,15 @@ function Manager:save(step, parts, opts)
   self.barrier()
   fs.mkdirs(tmp)
   local w = format.writer(tmp, self.rank, { async = self.async })
-  for _, it in ipairs(items) do w:add(it) end
-  w:start()
+  local ok, err = pcall(function()
+    for _, it in ipairs(items) do w:add(it) end
+    w:start()
+  end)
+  if not ok then -- nothing half-written stays behind
+    w:abort()
+    pcall(fs.remove_all, tmp)
+    error(err, 0)
+  end
   self.pending = { writer = w, step = step, tmp = tmp, final = final, ts = ts, model_only = model_only }
   if not self.async then self:wait() end
   return final
@@ -155,7 +163,7 @@ function Manager:_commit()
     self.log(("saved step %d%s to %s"):format(p.step, p.model_only and " (model only)" or "", p.final))
   end
   self.barrier()
-  self.last_saved = p.step
+  self.last_saved, self.last_model_only = p.step, p.model_only
   if self.rank == 0 then self:purge() end
 end
 

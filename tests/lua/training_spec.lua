@@ -1,0 +1,160 @@
+-- End-to-end training checks on the debug model: overfitting a fixed batch,
+-- bit-identical reruns, a golden loss curve, recipe hooks and bad recipes.
+local titan = require("titan")
+local config = require("titan.config")
+local trainer = require("titan.trainer")
+local env = require("titan.env")
+local cjson = require("cjson")
+
+local GOLDEN = env.root .. "/tests/golden/llama3_debugmodel_20steps.json"
+
+local function quiet_cfg(overrides)
+  local recipe = config.load_recipe("llama3_debugmodel")
+  local argv = { "--job.dump_folder=" .. os.tmpname() .. ".d", "--metrics.enable_jsonl=false",
+    "--metrics.peak_flops=1e11", "--metrics.log_freq=1000" }
+  for _, a in ipairs(overrides or {}) do argv[#argv + 1] = a end
+  return recipe, argv
+end
+
+local function run(recipe, argv, steps)
+  local cfg = config.resolve(recipe, argv)
+  local tr = trainer.new(cfg, { print = function() end })
+  local ok, losses = pcall(tr.train, tr, steps)
+  tr:close()
+  assert(ok, losses)
+  tr.model:free()
+  return losses, tr
+end
+
+describe("training", function()
+  it("overfits one fixed batch: loss below 0.05", function()
+    local recipe, argv = quiet_cfg({ "--training.seq_len=32", "--training.local_batch_size=2",
+      "--lr_scheduler.warmup_steps=5", "--optimizer.lr=3e-3", "--training.steps=60", "--validation.enable=false" })
+    local batch
+    recipe.build_data = function(cfg, tok)
+      local ids = tok:encode_table("The quick brown fox jumps over the lazy dog. " ..
+        "Pack my box with five dozen liquor jugs, and sphinx of black quartz, judge my vow!", { bos = true })
+      local T = cfg.training.seq_len
+      local rows_in, rows_tg = {}, {}
+      for b = 1, 2 do
+        rows_in[b], rows_tg[b] = {}, {}
+        for t = 1, T do
+          rows_in[b][t] = ids[(b - 1) * 5 + t]
+          rows_tg[b][t] = ids[(b - 1) * 5 + t + 1]
+        end
+      end
+      batch = { titan.keep(titan.tensor(rows_in, { dtype = "int64" })), titan.keep(titan.tensor(rows_tg, { dtype = "int64" })) }
+      return { train = { next = function() return { inputs = batch[1]:clone(), targets = batch[2]:clone() } end } }
+    end
+    local losses = run(recipe, argv, 60)
+    assert.truthy(losses[1] > 7, "first loss " .. losses[1])
+    assert.truthy(losses[#losses] < 0.05, "final loss " .. losses[#losses])
+  end)
+
+  it("the same seed gives bit-identical losses in two runs", function()
+    local recipe, argv = quiet_cfg({ "--training.seq_len=64", "--training.local_batch_size=2", "--validation.enable=false" })
+    local a = run(recipe, argv, 4)
+    local b = run(recipe, argv, 4)
+    assert.are.same(a, b)
+    local recipe2, argv2 = quiet_cfg({ "--training.seq_len=64", "--training.local_batch_size=2",
+      "--validation.enable=false", "--training.seed=1" })
+    assert.are_not.same(a, run(recipe2, argv2, 4))
+  end)
+
+  it("gradient accumulation matches one big batch", function()
+    local base = { "--training.seq_len=32", "--validation.enable=false", "--training.shuffle=false",
+      "--lr_scheduler.warmup_steps=1" }
+    local r1, a1 = quiet_cfg(base)
+    a1[#a1 + 1] = "--training.local_batch_size=4"
+    local r2, a2 = quiet_cfg(base)
+    a2[#a2 + 1] = "--training.local_batch_size=2"
+    a2[#a2 + 1] = "--training.global_batch_tokens=128"
+    local big = run(r1, a1, 3)
+    local acc = run(r2, a2, 3)
+    for i = 1, 3 do
+      assert(math.abs(big[i] - acc[i]) <= 1e-5 * math.abs(big[i]), ("step %d: %g vs %g"):format(i, big[i], acc[i]))
+    end
+  end)
+
+  it("the first 20 steps of the debug recipe follow the golden loss curve", function()
+    local recipe, argv = quiet_cfg({ "--validation.enable=false" })
+    local losses = run(recipe, argv, 20)
+    if os.getenv("TITAN_UPDATE_GOLDEN") == "1" then
+      local f = assert(io.open(GOLDEN, "w"))
+      f:write(cjson.encode({ recipe = "llama3_debugmodel", steps = 20, losses = losses,
+        note = "regenerate with TITAN_UPDATE_GOLDEN=1 ./titan test -R training" }), "\n")
+      f:close()
+    end
+    local f = assert(io.open(GOLDEN, "r"), "missing golden file " .. GOLDEN)
+    local golden = cjson.decode(f:read("*a"))
+    f:close()
+    assert.are.equal(20, #golden.losses)
+    -- Same machine kind: the kernels are deterministic; the tolerance covers
+    -- another BLAS core type rounding matmuls differently.
+    for i = 1, 20 do
+      local g = golden.losses[i]
+      assert(math.abs(losses[i] - g) <= 2e-3 * math.abs(g), ("step %d: loss %.6f, golden %.6f"):format(i, losses[i], g))
+    end
+    assert.truthy(losses[20] < losses[1] - 1, "the loss must fall over 20 steps")
+  end)
+
+  it("a recipe's loss_fn replaces the loss (z-loss recipe)", function()
+    local recipe = config.load_recipe("llama3_debugmodel_zloss")
+    local _, argv = quiet_cfg({ "--training.seq_len=32", "--training.local_batch_size=2", "--validation.enable=false" })
+    local z = run(recipe, argv, 2)
+    local plain_recipe, plain_argv = quiet_cfg({ "--training.seq_len=32", "--training.local_batch_size=2",
+      "--validation.enable=false" })
+    local plain = run(plain_recipe, plain_argv, 2)
+    assert.truthy(z[1] > plain[1], "z-loss adds a positive term")
+    assert.truthy(z[1] - plain[1] < 0.1)
+  end)
+
+  it("the mixture recipe trains from two weighted datasets", function()
+    local recipe = config.load_recipe("llama3_debugmodel_mix")
+    local _, argv = quiet_cfg({ "--training.seq_len=32", "--training.local_batch_size=2", "--validation.enable=false" })
+    local losses = run(recipe, argv, 2)
+    assert.are.equal(2, #losses)
+  end)
+end)
+
+describe("bad recipes", function()
+  local exe = env.build_dir .. "/titan"
+  local function titan_run(args)
+    local p = io.popen(exe .. " " .. args .. " 2>&1; echo \"rc=$?\"")
+    local out = p:read("*a")
+    p:close()
+    return out:gsub("rc=%d+%s*$", ""), tonumber(out:match("rc=(%d+)%s*$"))
+  end
+  local function write(text)
+    local path = os.tmpname() .. ".lua"
+    local f = assert(io.open(path, "w"))
+    f:write(text)
+    f:close()
+    return path
+  end
+
+  it("each fails with one clear line and exit 1", function()
+    local cases = {
+      { write("return { training = { steps = 'ten' } }"), "training.steps expects a number" },
+      { write("return { training = { stpes = 10 } }"), "unknown key 'training.stpes' in the recipe; nearest valid keys: training.steps" },
+      { write("return { training = { steps = 10 }"), "expected" }, -- truncated: a syntax error
+      { write("return { base = 'no_such_recipe' }"), "cannot load recipe" },
+      { write("return { model = { flavor = 'XXL' } }"), "unknown flavor 'XXL'" },
+      { write("return { model = { tokenizer = '/nonexistent/tok.json' } }"), "/nonexistent/tok.json" },
+    }
+    for _, c in ipairs(cases) do
+      local out, rc = titan_run(c[1] .. " --job.dump_folder=/tmp/titan-bad-recipe --metrics.peak_flops=1e11")
+      os.remove(c[1])
+      assert.are.equal(1, rc, out)
+      assert.truthy(out:find(c[2], 1, true), ("expected %q in %q"):format(c[2], out))
+      local lines = select(2, out:gsub("\n", ""))
+      assert.are.equal(1, lines, "one line: " .. out)
+    end
+    local out, rc = titan_run("lua/recipes/llama3_debugmodel.lua --training.steps=x")
+    assert.are.equal(1, rc)
+    assert.truthy(out:find("training.steps expects a number, got 'x'", 1, true))
+    out, rc = titan_run("lua/recipes/llama3_8b.lua --print-config")
+    assert.are.equal(0, rc)
+    assert.truthy(out:find('flavor = "8B"', 1, true))
+  end)
+end)
