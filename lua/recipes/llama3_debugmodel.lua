@@ -7,7 +7,7 @@ return {
   optimizer = { lr = 3e-3, beta1 = 0.9, beta2 = 0.95, weight_decay = 0.1, no_decay_pattern = "norm%.weight$" },
   lr_scheduler = { warmup_steps = 20, decay_type = "cosine", min_lr_factor = 0.1 },
   training = {
-    dataset = "fortunes", local_batch_size = 4, seq_len = 512, steps = 300, max_norm = 1.0, seed = 0,
+    dataset = "fortunes", local_batch_size = 8, seq_len = 512, steps = 400, max_norm = 1.0, seed = 0,
     device = "cpu", dtype = "float32",
   },
   validation = { enable = true, freq = 100, steps = 4, split = 0.02 },

@@ -64,8 +64,17 @@ M.defaults = {
   },
   checkpoint = {
     enable = false,
-    folder = "checkpoint",
+    folder = "checkpoint",          -- under job.dump_folder
     interval = 500,
+    load_step = -1,                 -- -1: the latest complete checkpoint
+    keep_latest_k = 10,             -- 0 keeps all; the newest complete one is never purged
+    async_mode = "disabled",        -- disabled | async (host snapshot written by a background thread)
+    last_save_model_only = false,
+    export_dtype = "float32",       -- dtype of a model-only final save: float32 | bfloat16
+    exclude_from_loading = "",      -- comma-separated: dataloader, optimizer, lr_scheduler
+    initial_load_path = "",         -- start from this checkpoint step directory
+    initial_load_model_only = true,
+    create_seed_checkpoint = false, -- initialize, save step 0, exit
   },
   parallelism = {
     dp_shard = -1,
@@ -251,6 +260,8 @@ function M.validate(cfg)
   need(cfg.optimizer.lr >= 0, "optimizer.lr must be >= 0")
   need(cfg.optimizer.name == "AdamW", "optimizer.name: only AdamW is available, got '" .. cfg.optimizer.name .. "'")
   need(cfg.metrics.log_freq >= 1, "metrics.log_freq must be >= 1")
+  -- The checkpoint manager checks its own section (it touches no files).
+  require("titan.checkpoint.manager").new(cfg.checkpoint, {})
 end
 
 -- The resolved config as a Lua table literal (sections and keys sorted).

@@ -27,7 +27,7 @@ local titan = {
 }
 
 for _, name in ipairs({ "empty", "zeros", "ones", "full", "arange", "tensor", "rand", "randn", "trunc_normal",
-  "zeros_like", "empty_like", "manual_seed" }) do
+  "zeros_like", "empty_like", "manual_seed", "rng_state", "set_rng_state" }) do
   titan[name] = tensor[name]
 end
 

@@ -55,7 +55,7 @@ function Logger:add_tokens(n) self.tokens_since = self.tokens_since + n end
 local function json_value(v)
   if type(v) == "number" then
     if v ~= v or v == math.huge or v == -math.huge then return "null" end
-    return ("%.10g"):format(v)
+    return ("%.17g"):format(v) -- round-trips the exact double
   end
   if type(v) == "string" then return ("%q"):format(v) end
   return tostring(v)

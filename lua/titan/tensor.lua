@@ -263,6 +263,10 @@ local default_seed = 0
 local draw_offset = 0
 function M.manual_seed(seed) default_seed, draw_offset = seed, 0 end
 
+-- The default stream's position, for checkpoints: {seed, offset}.
+function M.rng_state() return { seed = default_seed, offset = draw_offset } end
+function M.set_rng_state(s) default_seed, draw_offset = s.seed, s.offset end
+
 local function rng_opts(opts)
   opts = opts or {}
   local seed = opts.seed or default_seed

@@ -13,6 +13,7 @@ local config = require("titan.config")
 local optim = require("titan.optim")
 local lr_scheduler = require("titan.lr_scheduler")
 local metrics = require("titan.metrics")
+local ckpt = require("titan.checkpoint")
 local F = titan.F
 
 local M = {}
@@ -149,7 +150,28 @@ function M.new(cfg, opts)
     device = t.device, peak_flops = peak, flops_per_token = flops, rank = self.rank, print = self.print,
   })
   self.step = 0
+
+  -- Checkpoints: resume from the latest complete one (or load_step), unless
+  -- this run only creates the seed checkpoint.
+  self.checkpoint = ckpt.Manager(cfg.checkpoint, { dump_folder = cfg.job.dump_folder, rank = self.rank,
+    world = self.world, log = function(line) self.print(line) end })
+  if not cfg.checkpoint.create_seed_checkpoint then
+    local state = self:ckpt_state()
+    local s = self.checkpoint:load(state)
+    if s then
+      self.step = s
+      if state.extra.rng then titan.set_rng_state(state.extra.rng) end
+    end
+  end
   return self
+end
+
+-- What a checkpoint holds: model, optimizer, data position, step, RNG.
+function Trainer:ckpt_state()
+  return {
+    model = self.model, optimizer = self.optimizer, dataloader = self.data.train,
+    extra = { step = self.step, lr_step = self.step, rng = titan.rng_state() },
+  }
 end
 
 function Trainer:banner()
@@ -210,11 +232,22 @@ function Trainer:train(until_step)
       self.logger:log_step({ step = step, loss = loss, grad_norm = grad_norm, lr = self.optimizer:lr() })
     end
     if cfg.validation.enable and step % cfg.validation.freq == 0 then self:validate() end
+    self.checkpoint:maybe_save(step, self:ckpt_state(), { final = step == t.steps })
+    local sig = ckpt.signal_pending()
+    if sig then
+      -- Preemption: save at this step boundary, then stop cleanly.
+      self.checkpoint:save(step, self:ckpt_state(), { force = true })
+      self.checkpoint:wait()
+      self.print(("trainer: %s: saved step %d, stopping"):format(sig, step))
+      self.stopped_by = sig
+      break
+    end
   end
   return losses
 end
 
 function Trainer:close()
+  self.checkpoint:close()
   self.logger:close()
 end
 
@@ -226,7 +259,15 @@ function M.run(recipe, argv)
     return cfg
   end
   local tr = M.new(cfg)
+  if cfg.checkpoint.create_seed_checkpoint then
+    tr.checkpoint:save(0, tr:ckpt_state(), { force = true })
+    tr:close()
+    tr.print("trainer: seed checkpoint saved (step 0)")
+    return {}, tr
+  end
+  ckpt.install_signal_handlers()
   tr:banner()
+  if tr.step > 0 then tr.print(("trainer: resumed from step %d"):format(tr.step)) end
   local losses = tr:train()
   tr:close()
   return losses, tr

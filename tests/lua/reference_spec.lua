@@ -188,7 +188,12 @@ local function run_reference(dir)
   res.summary = out:gsub("%s+$", "")
   res.grads = {}
   local base = ffi.cast("const double*", blob)
-  for _, e in ipairs(res.grads_manifest) do res.grads[e.name] = base + e.offset / 8 end
+  for _, e in ipairs(res.grads_manifest) do
+    local n = 1
+    for _, d in ipairs(e.shape) do n = n * d end
+    assert(e.offset + n * 8 <= #blob, "reference: " .. res.grads_file .. " is too short for " .. e.name)
+    res.grads[e.name] = base + e.offset / 8
+  end
   res._blob = blob -- keeps the bytes behind res.grads alive
   return res
 end

@@ -31,6 +31,7 @@ except Exception as e:  # ImportError, or a broken install
     fail("torch not importable with %s (%s: %s): install python3-torch (Debian) for this interpreter"
          % (sys.executable, type(e).__name__, e), 3)
 
+sys.dont_write_bytecode = True  # leave no __pycache__ in the source tree
 sys.path.insert(0, HERE)
 from llama3 import ModelArgs, Transformer, loss_fn  # noqa: E402
 
