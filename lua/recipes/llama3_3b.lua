@@ -1,15 +1,8 @@
--- Llama 3 3B as TorchTitan trains it on GPUs (bf16 compute, seq 8192).
--- Needs CUDA devices; on a machine that cannot hold it, it stops with a
--- clear message. --print-config works everywhere.
+-- Llama 3 3B as TorchTitan trains it on GPUs: the 1B recipe's settings
+-- (bf16, seq 8192) with the 3B model. Needs CUDA devices; --print-config
+-- works everywhere.
 return {
+  base = "llama3_1b",
   job = { description = "Llama 3 3B", dump_folder = "./outputs/llama3_3b" },
-  model = { name = "llama3", flavor = "3B", tokenizer = "assets/tokenizers/fortunes_2048.json" },
-  optimizer = { lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1 },
-  lr_scheduler = { warmup_steps = 200, decay_type = "linear", min_lr_factor = 0.0 },
-  training = {
-    dataset = "fortunes", local_batch_size = 1, seq_len = 8192, steps = 1000, max_norm = 1.0,
-    device = "cuda", dtype = "bfloat16",
-  },
-  parallelism = { dp_shard = -1, tp = 1 },
-  metrics = { log_freq = 10 },
+  model = { flavor = "3B" },
 }

@@ -1,15 +1,9 @@
--- Llama 3 405B as TorchTitan trains it on GPUs (bf16 compute, seq 8192).
--- Needs CUDA devices; on a machine that cannot hold it, it stops with a
--- clear message. --print-config works everywhere.
+-- Llama 3 405B as TorchTitan trains it on GPUs: the 70B recipe's settings
+-- with the 405B model and a lower learning rate. Needs many CUDA devices;
+-- --print-config works everywhere.
 return {
+  base = "llama3_70b",
   job = { description = "Llama 3 405B", dump_folder = "./outputs/llama3_405b" },
-  model = { name = "llama3", flavor = "405B", tokenizer = "assets/tokenizers/fortunes_2048.json" },
-  optimizer = { lr = 8e-5, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1 },
-  lr_scheduler = { warmup_steps = 200, decay_type = "linear", min_lr_factor = 0.0 },
-  training = {
-    dataset = "fortunes", local_batch_size = 1, seq_len = 8192, steps = 1000, max_norm = 1.0,
-    device = "cuda", dtype = "bfloat16",
-  },
-  parallelism = { dp_shard = -1, tp = 8 },
-  metrics = { log_freq = 10 },
+  model = { flavor = "405B" },
+  optimizer = { lr = 8e-5 },
 }
