@@ -55,6 +55,21 @@ function M.load(dir, parts, opts)
   return ck.step, ts
 end
 
+-- Load only the model weights from a step folder, or from the latest
+-- complete step in a checkpoint folder. Returns the step, or nil when there
+-- is nothing to load (path missing or holding no complete step).
+function M.load_model(model, path)
+  if format.is_complete(path) then
+    return (M.load(path, { model = model }, { model_only = true }))
+  end
+  local latest
+  for _, s in ipairs(format.list_steps(path)) do
+    if s.complete then latest = s end
+  end
+  if not latest then return nil end
+  return (M.load(latest.dir, { model = model }, { model_only = true }))
+end
+
 -- ---- inspection ------------------------------------------------------------------
 
 local function human(n)

@@ -132,8 +132,11 @@ function M.new(cfg, opts)
 
   -- Optimizer and schedule.
   local o = cfg.optimizer
+  -- Parameter groups: a recipe's `optimizer_groups` list ({pattern =, lr =,
+  -- betas =, eps =, weight_decay =}, first match wins), then no_decay_pattern.
   local groups = {}
-  if o.no_decay_pattern ~= "" then groups[1] = { pattern = o.no_decay_pattern, weight_decay = 0 } end
+  for _, g in ipairs(cfg.optimizer_groups or {}) do groups[#groups + 1] = g end
+  if o.no_decay_pattern ~= "" then groups[#groups + 1] = { pattern = o.no_decay_pattern, weight_decay = 0 } end
   self.optimizer = optim.AdamW(model:named_parameters(), { lr = o.lr, betas = { o.beta1, o.beta2 }, eps = o.eps,
     weight_decay = o.weight_decay, groups = groups })
   self.schedule = lr_scheduler.new(cfg.lr_scheduler, t.steps)
