@@ -57,8 +57,8 @@ tt_status tt_op_binary(int op, const tt_tensor *a, const tt_tensor *b, tt_tensor
   }
   if (a->device.type == TT_META) return TT_OK;
   TT_KERNEL(be, a->device, binary, name);
-  tt_status st = be->binary(op, a->dtype, ndim, shape, tt_tensor_data(a), as, tt_tensor_data(b), bs,
-                            tt_tensor_data(*out), (*out)->strides);
+  tt_status st = tt_kernel_check(be->binary(op, a->dtype, ndim, shape, tt_tensor_data(a), as, tt_tensor_data(b), bs,
+                            tt_tensor_data(*out), (*out)->strides), "binary", be, a->dtype);
   if (st != TT_OK) {
     tt_out_discard(out, fresh);
     return tt_error_set(st, "%s: backend %s failed on %s and %s", name, be->name, SHP(a, s1), SHP(b, s2));
@@ -85,7 +85,7 @@ tt_status tt_op_unary(int op, const tt_tensor *a, double alpha, tt_tensor **out)
   if (st == TT_OK && a->device.type != TT_META) {
     const tt_kernels *be = tt_backend(a->device);
     if (!be || !be->unary) st = tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented on this device", name);
-    else st = be->unary(op, a->dtype, tt_tensor_numel(a), alpha, tt_tensor_data(x), tt_tensor_data(*out));
+    else st = tt_kernel_check(be->unary(op, a->dtype, tt_tensor_numel(a), alpha, tt_tensor_data(x), tt_tensor_data(*out)), "unary", be, a->dtype);
     if (st != TT_OK && st != TT_ERR_UNSUPPORTED) st = tt_error_set(st, "%s: backend failed", name);
   }
   tt_tensor_release(x);
@@ -112,8 +112,8 @@ tt_status tt_op_unary_backward(int op, const tt_tensor *x, const tt_tensor *y, c
     if (!be || !be->unary_backward)
       st = tt_error_set(TT_ERR_UNSUPPORTED, "%s backward: not implemented on this device", name);
     else
-      st = be->unary_backward(op, x->dtype, tt_tensor_numel(x), alpha, tt_tensor_data(xc), NULL, tt_tensor_data(dyc),
-                              tt_tensor_data(*dx));
+      st = tt_kernel_check(be->unary_backward(op, x->dtype, tt_tensor_numel(x), alpha, tt_tensor_data(xc), NULL, tt_tensor_data(dyc),
+                              tt_tensor_data(*dx)), "unary_backward", be, x->dtype);
   }
   tt_tensor_release(xc);
   tt_tensor_release(dyc);
@@ -131,7 +131,7 @@ tt_status tt_op_axpy(tt_tensor *y, double alpha, const tt_tensor *x) {
   TT_KERNEL(be, y->device, axpy, "axpy");
   tt_tensor *xc = NULL;
   TT_TRY(tt_tensor_contiguous(x, &xc));
-  tt_status st = be->axpy(y->dtype, tt_tensor_numel(y), alpha, tt_tensor_data(xc), tt_tensor_data(y));
+  tt_status st = tt_kernel_check(be->axpy(y->dtype, tt_tensor_numel(y), alpha, tt_tensor_data(xc), tt_tensor_data(y)), "axpy", be, y->dtype);
   tt_tensor_release(xc);
   return st;
 }
@@ -157,7 +157,7 @@ tt_status tt_op_sum_to(const tt_tensor *a, int ndim, const int64_t *shape, tt_te
   if (st == TT_OK) {
     const tt_kernels *be = tt_backend(a->device);
     if (!be || !be->sum_to) st = tt_error_set(TT_ERR_UNSUPPORTED, "sum_to: not implemented on this device");
-    else st = be->sum_to(a->dtype, a->ndim, a->shape, tt_tensor_data(ac), padded, tt_tensor_data(*out));
+    else st = tt_kernel_check(be->sum_to(a->dtype, a->ndim, a->shape, tt_tensor_data(ac), padded, tt_tensor_data(*out)), "sum_to", be, a->dtype);
   }
   tt_tensor_release(ac);
   if (st != TT_OK) tt_out_discard(out, fresh);
@@ -208,8 +208,8 @@ tt_status tt_op_reduce(int op, const tt_tensor *a, int dim, int keepdim, tt_tens
       const tt_kernels *be = tt_backend(a->device);
       if (!be || !be->reduce) st = tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented on this device", name);
       else
-        st = be->reduce(op, a->dtype, outer, n, inner, tt_tensor_data(ac), tt_tensor_data(*out),
-                        indices ? (int64_t *)tt_tensor_data(*indices) : NULL);
+        st = tt_kernel_check(be->reduce(op, a->dtype, outer, n, inner, tt_tensor_data(ac), tt_tensor_data(*out),
+                        indices ? (int64_t *)tt_tensor_data(*indices) : NULL), "reduce", be, a->dtype);
     }
     tt_tensor_release(ac);
   }
@@ -231,7 +231,7 @@ tt_status tt_op_softmax(const tt_tensor *x, int log, tt_tensor **out) {
   if (x->device.type == TT_META) return TT_OK;
   TT_KERNEL(be, x->device, softmax, name);
   int64_t n = x->shape[x->ndim - 1];
-  tt_status st = be->softmax(x->dtype, n ? tt_tensor_numel(x) / n : 0, n, log, tt_tensor_data(x), tt_tensor_data(*out));
+  tt_status st = tt_kernel_check(be->softmax(x->dtype, n ? tt_tensor_numel(x) / n : 0, n, log, tt_tensor_data(x), tt_tensor_data(*out)), "softmax", be, x->dtype);
   if (st != TT_OK) tt_out_discard(out, fresh);
   return st;
 }
@@ -249,8 +249,8 @@ tt_status tt_op_softmax_backward(const tt_tensor *y, const tt_tensor *dy, int lo
   if (y->device.type == TT_META) return TT_OK;
   TT_KERNEL(be, y->device, softmax_backward, name);
   int64_t n = y->ndim ? y->shape[y->ndim - 1] : 1;
-  tt_status st = be->softmax_backward(y->dtype, n ? tt_tensor_numel(y) / n : 0, n, log, tt_tensor_data(y),
-                                      tt_tensor_data(dy), tt_tensor_data(*dx));
+  tt_status st = tt_kernel_check(be->softmax_backward(y->dtype, n ? tt_tensor_numel(y) / n : 0, n, log, tt_tensor_data(y),
+                                      tt_tensor_data(dy), tt_tensor_data(*dx)), "softmax_backward", be, y->dtype);
   if (st != TT_OK) tt_out_discard(dx, fresh);
   return st;
 }
@@ -370,8 +370,8 @@ tt_status tt_op_matmul(const tt_tensor *a_in, const tt_tensor *b_in, int trans_a
       m_eff = M * batch;
       batch_eff = 1;
     }
-    st = be->gemm(compute_dtype, trans_a ^ fa, trans_b ^ fb, batch_eff, m_eff, N, Ka, alpha, tt_tensor_data(a), lda,
-                  sa, tt_tensor_data(b), ldb, sb, beta, tt_tensor_data(c), ldc, sc);
+    st = tt_kernel_check(be->gemm(compute_dtype, trans_a ^ fa, trans_b ^ fb, batch_eff, m_eff, N, Ka, alpha, tt_tensor_data(a), lda,
+                  sa, tt_tensor_data(b), ldb, sb, beta, tt_tensor_data(c), ldc, sc), "gemm", be, compute_dtype);
     if (st != TT_OK)
       st = tt_error_set(st, "matmul: %s gemm failed for a %s, b %s, out %s%s", be->name, SHP(a_in, s1), SHP(b_in, s2),
                         SHP(*out, s3), st == TT_ERR_UNSUPPORTED ? " (no BLAS library could be loaded)" : "");
@@ -458,8 +458,8 @@ tt_status tt_op_index_select(const tt_tensor *src, int dim, const tt_tensor *ind
     tt_split3(src, d, &outer, &inner);
     if (!be || !be->index_select) st = tt_error_set(TT_ERR_UNSUPPORTED, "index_select: not implemented here");
     else
-      st = be->index_select(src->dtype, outer, src->shape[d], inner, tt_tensor_data(sc), index->shape[0],
-                            tt_tensor_data(idx), tt_tensor_data(*out));
+      st = tt_kernel_check(be->index_select(src->dtype, outer, src->shape[d], inner, tt_tensor_data(sc), index->shape[0],
+                            tt_tensor_data(idx), tt_tensor_data(*out)), "index_select", be, src->dtype);
   }
   tt_tensor_release(idx);
   tt_tensor_release(sc);
@@ -493,8 +493,8 @@ tt_status tt_op_index_add(tt_tensor *dst, int dim, const tt_tensor *index, const
     tt_split3(dst, d, &outer, &inner);
     if (!be || !be->index_add) st = tt_error_set(TT_ERR_UNSUPPORTED, "index_add: not implemented here");
     else
-      st = be->index_add(dst->dtype, outer, dst->shape[d], inner, tt_tensor_data(dst), index->shape[0],
-                         tt_tensor_data(idx), tt_tensor_data(sc));
+      st = tt_kernel_check(be->index_add(dst->dtype, outer, dst->shape[d], inner, tt_tensor_data(dst), index->shape[0],
+                         tt_tensor_data(idx), tt_tensor_data(sc)), "index_add", be, dst->dtype);
     if (st == TT_ERR_DTYPE) st = tt_error_set(st, "index_add: dtype %s not supported", tt_dtype_name(dst->dtype));
   }
   tt_tensor_release(idx);
@@ -537,8 +537,8 @@ tt_status tt_op_gather(const tt_tensor *src, int dim, const tt_tensor *index, tt
     tt_split3(src, d, &outer, &inner);
     if (!be || !be->gather) st = tt_error_set(TT_ERR_UNSUPPORTED, "gather: not implemented here");
     else
-      st = be->gather(src->dtype, outer, src->shape[d], inner, tt_tensor_data(sc), index->shape[d],
-                      tt_tensor_data(idx), tt_tensor_data(*out));
+      st = tt_kernel_check(be->gather(src->dtype, outer, src->shape[d], inner, tt_tensor_data(sc), index->shape[d],
+                      tt_tensor_data(idx), tt_tensor_data(*out)), "gather", be, src->dtype);
   }
   tt_tensor_release(idx);
   tt_tensor_release(sc);
@@ -568,8 +568,8 @@ tt_status tt_op_scatter_add(tt_tensor *dst, int dim, const tt_tensor *index, con
     tt_split3(dst, d, &outer, &inner);
     if (!be || !be->scatter_add) st = tt_error_set(TT_ERR_UNSUPPORTED, "scatter_add: not implemented here");
     else
-      st = be->scatter_add(dst->dtype, outer, dst->shape[d], inner, tt_tensor_data(dst), index->shape[d],
-                           tt_tensor_data(idx), tt_tensor_data(sc));
+      st = tt_kernel_check(be->scatter_add(dst->dtype, outer, dst->shape[d], inner, tt_tensor_data(dst), index->shape[d],
+                           tt_tensor_data(idx), tt_tensor_data(sc)), "scatter_add", be, dst->dtype);
     if (st == TT_ERR_DTYPE) st = tt_error_set(st, "scatter_add: dtype %s not supported", tt_dtype_name(dst->dtype));
   }
   tt_tensor_release(idx);

@@ -14,12 +14,28 @@
 /* Shape string of t into a caller's buffer (for messages). */
 #define SHP(t, buf) tt_tensor_shape_str((t), (buf), sizeof(buf))
 
+/* A compute dtype: f32, f64, bf16 or f16 (each backend then says which of
+ * them its kernel implements; see tt_kernel_check). */
 static inline tt_status tt_chk_float(const char *op, const char *name, const tt_tensor *t) {
   char s[96];
-  if (t->dtype != TT_F32 && t->dtype != TT_F64)
-    return tt_error_set(TT_ERR_DTYPE, "%s: %s %s has dtype %s; expected float32 or float64", op, name, SHP(t, s),
-                        tt_dtype_name(t->dtype));
+  if (t->dtype != TT_F32 && t->dtype != TT_F64 && t->dtype != TT_BF16 && t->dtype != TT_F16)
+    return tt_error_set(TT_ERR_DTYPE, "%s: %s %s has dtype %s; expected float32, float64, bfloat16 or float16", op,
+                        name, SHP(t, s), tt_dtype_name(t->dtype));
   return TT_OK;
+}
+
+/* After a kernel call: kernels return a bare status for what only they can
+ * know (a dtype this backend does not implement, a CUDA failure whose
+ * message the backend already recorded); give the bare ones a message. */
+static inline tt_status tt_kernel_check(tt_status st, const char *op, const tt_kernels *be, int dtype) {
+  if (st == TT_OK) return st;
+  const char *bn = be ? be->name : "?";
+  if (st == TT_ERR_DTYPE)
+    return tt_error_set(st, "%s: dtype %s is not implemented by the %s backend", op, tt_dtype_name(dtype), bn);
+  if (st == TT_ERR_UNSUPPORTED) return tt_error_set(st, "%s: not supported by the %s backend here", op, bn);
+  if (st == TT_ERR_INVALID || st == TT_ERR_SHAPE)
+    return tt_error_set(st, "%s: the %s backend rejected these arguments (%s)", op, bn, tt_dtype_name(dtype));
+  return st; /* OOM / DEVICE / INTERNAL: the backend recorded the message */
 }
 
 static inline tt_status tt_chk_index(const char *op, const char *name, const tt_tensor *t) {

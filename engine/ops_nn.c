@@ -33,8 +33,8 @@ tt_status tt_op_embedding(const tt_tensor *weight, const tt_tensor *ids, tt_tens
     const tt_kernels *be = tt_backend(weight->device);
     if (!be || !be->embedding) st = tt_error_set(TT_ERR_UNSUPPORTED, "embedding: not implemented on this device");
     else
-      st = be->embedding(weight->dtype, tt_tensor_numel(ids), weight->shape[1], tt_tensor_data(weight),
-                         tt_tensor_data(idx), tt_tensor_data(*out));
+      st = tt_kernel_check(be->embedding(weight->dtype, tt_tensor_numel(ids), weight->shape[1], tt_tensor_data(weight),
+                         tt_tensor_data(idx), tt_tensor_data(*out)), "embedding", be, weight->dtype);
   }
   tt_tensor_release(idx);
   if (st != TT_OK) tt_out_discard(out, fresh);
@@ -64,8 +64,8 @@ tt_status tt_op_embedding_backward(const tt_tensor *dy, const tt_tensor *ids, tt
     if (!be || !be->embedding_backward)
       st = tt_error_set(TT_ERR_UNSUPPORTED, "embedding_backward: not implemented on this device");
     else
-      st = be->embedding_backward(dweight->dtype, tt_tensor_numel(ids), dweight->shape[1], dweight->shape[0],
-                                  tt_tensor_data(dy), tt_tensor_data(idx), tt_tensor_data(dweight));
+      st = tt_kernel_check(be->embedding_backward(dweight->dtype, tt_tensor_numel(ids), dweight->shape[1], dweight->shape[0],
+                                  tt_tensor_data(dy), tt_tensor_data(idx), tt_tensor_data(dweight)), "embedding_backward", be, dweight->dtype);
   }
   tt_tensor_release(idx);
   return st;
@@ -97,8 +97,8 @@ tt_status tt_op_rmsnorm(const tt_tensor *x, const tt_tensor *weight, double eps,
     const tt_kernels *be = tt_backend(x->device);
     if (!be || !be->rmsnorm) st = tt_error_set(TT_ERR_UNSUPPORTED, "rmsnorm: not implemented on this device");
     else
-      st = be->rmsnorm(x->dtype, rows, dim, eps, tt_tensor_data(x), tt_tensor_data(weight), tt_tensor_data(*y),
-                       tt_tensor_data(*rstd));
+      st = tt_kernel_check(be->rmsnorm(x->dtype, rows, dim, eps, tt_tensor_data(x), tt_tensor_data(weight), tt_tensor_data(*y),
+                       tt_tensor_data(*rstd)), "rmsnorm", be, x->dtype);
   }
   if (st != TT_OK) {
     tt_out_discard(y, f1);
@@ -131,8 +131,8 @@ tt_status tt_op_rmsnorm_backward(const tt_tensor *x, const tt_tensor *weight, co
   if (!be || !be->rmsnorm_backward)
     st = tt_error_set(TT_ERR_UNSUPPORTED, "rmsnorm_backward: not implemented on this device");
   else
-    st = be->rmsnorm_backward(x->dtype, rows, dim, tt_tensor_data(x), tt_tensor_data(weight), tt_tensor_data(rstd),
-                              tt_tensor_data(dy), tt_tensor_data(*dx), dweight ? tt_tensor_data(dweight) : NULL);
+    st = tt_kernel_check(be->rmsnorm_backward(x->dtype, rows, dim, tt_tensor_data(x), tt_tensor_data(weight), tt_tensor_data(rstd),
+                              tt_tensor_data(dy), tt_tensor_data(*dx), dweight ? tt_tensor_data(dweight) : NULL), "rmsnorm_backward", be, x->dtype);
   if (st != TT_OK) tt_out_discard(dx, fresh);
   return st;
 }
@@ -172,8 +172,12 @@ tt_status tt_op_rope(const tt_tensor *x, const tt_tensor *cos, const tt_tensor *
   char s1[96], s2[96];
   TT_TRY(tt_chk_ndim("rope", "x", x, 4, "[batch, seq, heads, head_dim]"));
   TT_TRY(tt_chk_float("rope", "x", x));
-  TT_TRY(tt_chk_same_dtype("rope", "x", x, "cos", cos));
-  TT_TRY(tt_chk_same_dtype("rope", "x", x, "sin", sin));
+  /* The angles stay in f32 (f64 for f64 x): bf16/f16 x rotate with f32 tables. */
+  int table_dtype = x->dtype == TT_F64 ? TT_F64 : TT_F32;
+  if (cos->dtype != table_dtype || sin->dtype != table_dtype)
+    return tt_error_set(TT_ERR_DTYPE, "rope: tables are %s/%s for x %s of %s; expected %s tables",
+                        tt_dtype_name(cos->dtype), tt_dtype_name(sin->dtype), SHP(x, s1), tt_dtype_name(x->dtype),
+                        tt_dtype_name(table_dtype));
   TT_TRY(tt_chk_same_device("rope", "x", x, "cos", cos));
   TT_TRY(tt_chk_contig("rope", "x", x));
   TT_TRY(tt_chk_contig("rope", "cos", cos));
@@ -190,8 +194,8 @@ tt_status tt_op_rope(const tt_tensor *x, const tt_tensor *cos, const tt_tensor *
   if (*out != x) TT_TRY(tt_out_prepare("rope", "out", out, 4, x->shape, x->dtype, x->device, &fresh));
   if (x->device.type == TT_META) return TT_OK;
   TT_KERNEL(be, x->device, rope, "rope");
-  tt_status st = be->rope(x->dtype, x->shape[0], T, x->shape[2], D, tt_tensor_data(x), tt_tensor_data(cos),
-                          tt_tensor_data(sin), pos_offset, inverse, tt_tensor_data(*out));
+  tt_status st = tt_kernel_check(be->rope(x->dtype, x->shape[0], T, x->shape[2], D, tt_tensor_data(x), tt_tensor_data(cos),
+                          tt_tensor_data(sin), pos_offset, inverse, tt_tensor_data(*out)), "rope", be, x->dtype);
   if (st != TT_OK) tt_out_discard(out, fresh);
   return st;
 }
@@ -238,8 +242,8 @@ tt_status tt_op_attention(const tt_tensor *q, const tt_tensor *k, const tt_tenso
     const tt_kernels *be = tt_backend(q->device);
     if (!be || !be->attention) st = tt_error_set(TT_ERR_UNSUPPORTED, "attention: not implemented on this device");
     else
-      st = be->attention(q->dtype, B, T, S, Hq, Hkv, D, causal, scale, tt_tensor_data(q), tt_tensor_data(k),
-                         tt_tensor_data(v), tt_tensor_data(*out), tt_tensor_data(*lse));
+      st = tt_kernel_check(be->attention(q->dtype, B, T, S, Hq, Hkv, D, causal, scale, tt_tensor_data(q), tt_tensor_data(k),
+                         tt_tensor_data(v), tt_tensor_data(*out), tt_tensor_data(*lse)), "attention", be, q->dtype);
   }
   if (st != TT_OK) {
     tt_out_discard(out, f1);
@@ -274,9 +278,9 @@ tt_status tt_op_attention_backward(const tt_tensor *q, const tt_tensor *k, const
     if (!be || !be->attention_backward)
       st = tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented on this device", op);
     else
-      st = be->attention_backward(q->dtype, B, T, S, Hq, Hkv, D, causal, scale, tt_tensor_data(q), tt_tensor_data(k),
+      st = tt_kernel_check(be->attention_backward(q->dtype, B, T, S, Hq, Hkv, D, causal, scale, tt_tensor_data(q), tt_tensor_data(k),
                                   tt_tensor_data(v), tt_tensor_data(out), tt_tensor_data(lse), tt_tensor_data(dout),
-                                  tt_tensor_data(*dq), tt_tensor_data(*dk), tt_tensor_data(*dv));
+                                  tt_tensor_data(*dq), tt_tensor_data(*dk), tt_tensor_data(*dv)), "attention_backward", be, q->dtype);
   }
   if (st != TT_OK) {
     tt_out_discard(dq, f1);
@@ -299,7 +303,7 @@ tt_status tt_op_swiglu(const tt_tensor *a, const tt_tensor *b, tt_tensor **out) 
   TT_TRY(tt_out_prepare("swiglu", "out", out, a->ndim, a->shape, a->dtype, a->device, &fresh));
   if (a->device.type == TT_META) return TT_OK;
   TT_KERNEL(be, a->device, swiglu, "swiglu");
-  tt_status st = be->swiglu(a->dtype, tt_tensor_numel(a), tt_tensor_data(a), tt_tensor_data(b), tt_tensor_data(*out));
+  tt_status st = tt_kernel_check(be->swiglu(a->dtype, tt_tensor_numel(a), tt_tensor_data(a), tt_tensor_data(b), tt_tensor_data(*out)), "swiglu", be, a->dtype);
   if (st != TT_OK) tt_out_discard(out, fresh);
   return st;
 }
@@ -322,8 +326,8 @@ tt_status tt_op_swiglu_backward(const tt_tensor *a, const tt_tensor *b, const tt
     const tt_kernels *be = tt_backend(a->device);
     if (!be || !be->swiglu_backward) st = tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented on this device", op);
     else
-      st = be->swiglu_backward(a->dtype, tt_tensor_numel(a), tt_tensor_data(a), tt_tensor_data(b), tt_tensor_data(dy),
-                               tt_tensor_data(*da), tt_tensor_data(*db));
+      st = tt_kernel_check(be->swiglu_backward(a->dtype, tt_tensor_numel(a), tt_tensor_data(a), tt_tensor_data(b), tt_tensor_data(dy),
+                               tt_tensor_data(*da), tt_tensor_data(*db)), "swiglu_backward", be, a->dtype);
   }
   if (st != TT_OK) {
     tt_out_discard(da, f1);
@@ -375,8 +379,8 @@ tt_status tt_op_cross_entropy(const tt_tensor *logits, const tt_tensor *targets,
       const tt_kernels *be = tt_backend(logits->device);
       if (!be || !be->cross_entropy) st = tt_error_set(TT_ERR_UNSUPPORTED, "cross_entropy: not implemented here");
       else
-        st = be->cross_entropy(logits->dtype, N, V, tt_tensor_data(logits), tt_tensor_data(idx), ignore_index,
-                               tt_tensor_data(*losses), tt_tensor_data(*lse));
+        st = tt_kernel_check(be->cross_entropy(logits->dtype, N, V, tt_tensor_data(logits), tt_tensor_data(idx), ignore_index,
+                               tt_tensor_data(*losses), tt_tensor_data(*lse)), "cross_entropy", be, logits->dtype);
     }
     tt_tensor_release(idx);
   }
@@ -408,9 +412,9 @@ tt_status tt_op_cross_entropy_backward(const tt_tensor *logits, const tt_tensor 
     const tt_kernels *be = tt_backend(logits->device);
     if (!be || !be->cross_entropy_backward) st = tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented here", op);
     else
-      st = be->cross_entropy_backward(logits->dtype, N, V, tt_tensor_data(logits), tt_tensor_data(idx),
+      st = tt_kernel_check(be->cross_entropy_backward(logits->dtype, N, V, tt_tensor_data(logits), tt_tensor_data(idx),
                                       tt_tensor_data(lse), tt_tensor_data(dlosses), ignore_index,
-                                      tt_tensor_data(*dlogits));
+                                      tt_tensor_data(*dlogits)), "cross_entropy_backward", be, logits->dtype);
   }
   tt_tensor_release(idx);
   if (st != TT_OK) tt_out_discard(dlogits, fresh);
@@ -454,9 +458,9 @@ tt_status tt_op_adamw(tt_tensor *param, const tt_tensor *grad, tt_tensor *m, tt_
   if (param->device.type == TT_META) return TT_OK;
   TT_KERNEL(be, param->device, adamw, op);
   double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
-  return be->adamw(param->dtype, grad->dtype, tt_tensor_numel(param), tt_tensor_data(param), tt_tensor_data(grad),
+  return tt_kernel_check(be->adamw(param->dtype, grad->dtype, tt_tensor_numel(param), tt_tensor_data(param), tt_tensor_data(grad),
                    tt_tensor_data(m), tt_tensor_data(v), master ? tt_tensor_data(master) : NULL, lr, beta1, beta2,
-                   eps, weight_decay, bc1, bc2);
+                   eps, weight_decay, bc1, bc2), "adamw", be, param->dtype);
 }
 
 tt_status tt_op_global_norm(int n, tt_tensor *const *ts, double *out) {
@@ -474,7 +478,7 @@ tt_status tt_op_global_norm(int n, tt_tensor *const *ts, double *out) {
     tt_tensor *c = NULL;
     TT_TRY(tt_tensor_contiguous(t, &c));
     double s = 0;
-    tt_status st = be->sumsq(c->dtype, tt_tensor_numel(c), tt_tensor_data(c), &s);
+    tt_status st = tt_kernel_check(be->sumsq(c->dtype, tt_tensor_numel(c), tt_tensor_data(c), &s), "sumsq", be, c->dtype);
     tt_tensor_release(c);
     if (st != TT_OK) return tt_error_set(st, "global_norm: sumsq failed for tensor %d (%s)", i, tt_dtype_name(t->dtype));
     total += s;

@@ -98,7 +98,8 @@ typedef struct tt_kernels {
   tt_status (*rope_table)(int dtype, int64_t head_dim, int64_t max_seq, double theta, double scale_factor,
                           double low_freq_factor, double high_freq_factor, int64_t original_max_seq, void *cos,
                           void *sin);
-  /* x, y: [B, T, H, D]; y == x allowed. position of row t is pos_offset + t. */
+  /* x, y: [B, T, H, D]; y == x allowed. position of row t is pos_offset + t.
+   * cos/sin are f64 for f64 x and f32 otherwise (bf16/f16 x rotate in f32). */
   tt_status (*rope)(int dtype, int64_t B, int64_t T, int64_t H, int64_t D, const void *x, const void *cos,
                     const void *sin, int64_t pos_offset, int inverse, void *y);
   /* q [B,T,Hq,D], k/v [B,S,Hkv,D], o [B,T,Hq,D], lse [B,Hq,T]. */

@@ -8,7 +8,7 @@ return {
   lr_scheduler = { warmup_steps = 200, decay_type = "linear", min_lr_factor = 0.0 },
   training = {
     dataset = "fortunes", local_batch_size = 1, seq_len = 8192, steps = 1000, max_norm = 1.0,
-    device = "cuda", dtype = "bfloat16",
+    device = "cuda", mixed_precision_param = "bfloat16",
   },
   parallelism = { dp_shard = -1, tp = 1 },
   metrics = { log_freq = 10 },

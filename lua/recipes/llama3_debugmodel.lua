@@ -8,7 +8,7 @@ return {
   lr_scheduler = { warmup_steps = 20, decay_type = "cosine", min_lr_factor = 0.1 },
   training = {
     dataset = "fortunes", local_batch_size = 8, seq_len = 512, steps = 400, max_norm = 1.0, seed = 0,
-    device = "cpu", dtype = "float32",
+    device = "cpu", mixed_precision_param = "float32",
   },
   validation = { enable = true, freq = 100, steps = 4, split = 0.02 },
   metrics = { log_freq = 10 },

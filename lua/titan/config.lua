@@ -47,7 +47,8 @@ M.defaults = {
     max_norm = 1.0,
     seed = 0,
     device = "cpu",
-    dtype = "float32",
+    mixed_precision_param = "float32",  -- dtype parameters compute in: float32 | bfloat16 (f32 master weights in AdamW) | float64
+    mixed_precision_reduce = "float32", -- dtype gradients are reduced in across ranks (float32)
     threads = -1,           -- -1: OMP_NUM_THREADS or all cores
     shuffle = true,
   },
@@ -258,6 +259,10 @@ function M.validate(cfg)
   need(cfg.lr_scheduler.min_lr_factor >= 0 and cfg.lr_scheduler.min_lr_factor <= 1,
     "lr_scheduler.min_lr_factor must be in [0, 1]")
   need(cfg.optimizer.lr >= 0, "optimizer.lr must be >= 0")
+  need(({ float32 = 1, bfloat16 = 1, float64 = 1 })[t.mixed_precision_param],
+    "training.mixed_precision_param must be float32, bfloat16 or float64, got '" .. t.mixed_precision_param .. "'")
+  need(t.mixed_precision_reduce == "float32",
+    "training.mixed_precision_reduce: only float32 gradient reduction is available, got '" .. t.mixed_precision_reduce .. "'")
   need(cfg.optimizer.name == "AdamW", "optimizer.name: only AdamW is available, got '" .. cfg.optimizer.name .. "'")
   need(cfg.metrics.log_freq >= 1, "metrics.log_freq must be >= 1")
   -- The checkpoint manager checks its own section (it touches no files).

@@ -89,16 +89,16 @@ function M.new(cfg, opts)
 
   -- Model: built on meta first, so the size check costs nothing.
   local family = require("models." .. cfg.model.name)
-  local model = family.build(cfg.model.flavor, { device = "meta", dtype = t.dtype,
+  local model = family.build(cfg.model.flavor, { device = "meta", dtype = t.mixed_precision_param,
     overrides = { max_seq_len = math.max(t.seq_len, family.args(cfg.model.flavor).max_seq_len) } })
   local flops, nparams = family.flops_per_token(model, t.seq_len)
-  local bytes_per = ({ float32 = 4, float64 = 8, bfloat16 = 2 })[t.dtype] or 4
+  local bytes_per = ({ float32 = 4, float64 = 8, bfloat16 = 2 })[t.mixed_precision_param] or 4
   -- weights + gradients + two f32 AdamW moments
   local need = nparams * (2 * bytes_per + 8)
   if t.device == "cpu" and need > 0.8 * host_memory_bytes() then
     error(("trainer: %s %s has %.2fB parameters and needs ~%.0f GiB for weights, gradients and optimizer state "
       .. "in %s, but this machine has %.0f GiB; train it on GPUs (training.device=cuda with parallelism.*), "
-      .. "or pick a smaller flavor"):format(cfg.model.name, cfg.model.flavor, nparams / 1e9, need / 2 ^ 30, t.dtype,
+      .. "or pick a smaller flavor"):format(cfg.model.name, cfg.model.flavor, nparams / 1e9, need / 2 ^ 30, t.mixed_precision_param,
       host_memory_bytes() / 2 ^ 30), 0)
   end
   model:to_empty(t.device)
