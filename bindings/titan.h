@@ -466,6 +466,35 @@ tt_status tt_signal_install(void);
 int tt_signal_pending(void);
 void tt_signal_clear(void);
 
+/* ---- collectives (engine/dist.c, engine/dist_nccl.c) ---------------------- */
+/* A process group over `world` ranks with a backend: "fake" (this process
+ * pretends to be rank r of N: collectives keep shapes right and copy local
+ * data — dry runs, memory estimates, the REPL; exact at world 1) or "nccl"
+ * (CUDA tensors; NCCL's unique id travels through the launcher, e.g. MPI).
+ * Collectives run on the device's communication stream, fenced by events
+ * against its compute stream. Shapes: all_gather/reduce_scatter concatenate
+ * or split rank chunks along dim 0. */
+typedef struct tt_group tt_group;
+typedef enum { TT_RED_SUM = 0, TT_RED_AVG = 1, TT_RED_MAX = 2, TT_RED_MIN = 3 } tt_reduce_kind;
+/* NCCL's unique id (128 bytes) for rank 0 to share; TT_ERR_UNSUPPORTED without NCCL. */
+tt_status tt_dist_unique_id(uint8_t *out, size_t cap, size_t *len);
+tt_status tt_group_new(const char *backend, int rank, int world, const uint8_t *unique_id, size_t id_len,
+                       int device, tt_group **out);
+void tt_group_free(tt_group *g);
+int tt_group_rank(const tt_group *g);
+int tt_group_size(const tt_group *g);
+const char *tt_group_backend(const tt_group *g);
+/* Ranks with the same color form a new group, ordered by key (as MPI_Comm_split). */
+tt_status tt_group_split(tt_group *g, int color, int key, tt_group **out);
+tt_status tt_dist_all_reduce(tt_group *g, tt_tensor *t, int op);
+tt_status tt_dist_reduce_scatter(tt_group *g, const tt_tensor *in, tt_tensor *out, int op);
+tt_status tt_dist_all_gather(tt_group *g, const tt_tensor *in, tt_tensor *out);
+tt_status tt_dist_broadcast(tt_group *g, tt_tensor *t, int root);
+tt_status tt_dist_all_to_all(tt_group *g, const tt_tensor *in, tt_tensor *out);
+tt_status tt_dist_send(tt_group *g, const tt_tensor *t, int peer);
+tt_status tt_dist_recv(tt_group *g, tt_tensor *t, int peer);
+tt_status tt_dist_barrier(tt_group *g);
+
 /* TT_CDEF_END */
 
 #ifdef __cplusplus

@@ -1,0 +1,250 @@
+/*
+ * dist.c — process groups and the one place collectives are validated.
+ * Backends (dist.h) do the communication: "fake" here, "nccl" in
+ * dist_nccl.c; "mpi" (CPU tensors across processes) belongs to the
+ * distributed work and plugs into the same table.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist.h"
+#include "ops_common.h"
+
+static const tt_dist_backend *tt_dist_find(const char *name) {
+  if (!name || !strcmp(name, "fake")) return tt_dist_backend_fake();
+  if (!strcmp(name, "nccl")) return tt_dist_backend_nccl();
+  return NULL;
+}
+
+tt_status tt_group_new(const char *backend, int rank, int world, const uint8_t *unique_id, size_t id_len, int device,
+                       tt_group **out) {
+  *out = NULL;
+  const tt_dist_backend *be = tt_dist_find(backend);
+  if (!be)
+    return tt_error_set(!backend || strcmp(backend, "nccl") ? TT_ERR_INVALID : TT_ERR_UNSUPPORTED,
+                        "group: backend '%s' is %s; expected fake or nccl", backend ? backend : "(null)",
+                        backend && !strcmp(backend, "nccl") ? "not built (no CUDA/NCCL in this build)" : "unknown");
+  if (world < 1 || rank < 0 || rank >= world)
+    return tt_error_set(TT_ERR_INVALID, "group: rank %d is not in [0, %d)", rank, world);
+  tt_group *g = calloc(1, sizeof *g);
+  if (!g) return tt_error_set(TT_ERR_OOM, "group: out of host memory");
+  g->be = be;
+  g->rank = rank;
+  g->size = world;
+  g->device = device;
+  tt_status st = be->init ? be->init(g, unique_id, id_len) : TT_OK;
+  if (st != TT_OK) {
+    free(g);
+    return st;
+  }
+  *out = g;
+  return TT_OK;
+}
+
+void tt_group_free(tt_group *g) {
+  if (!g) return;
+  if (g->be->destroy) g->be->destroy(g);
+  free(g);
+}
+
+int tt_group_rank(const tt_group *g) { return g->rank; }
+int tt_group_size(const tt_group *g) { return g->size; }
+const char *tt_group_backend(const tt_group *g) { return g->be->name; }
+
+tt_status tt_group_split(tt_group *g, int color, int key, tt_group **out) {
+  *out = NULL;
+  tt_group *n = calloc(1, sizeof *n);
+  if (!n) return tt_error_set(TT_ERR_OOM, "group split: out of host memory");
+  n->be = g->be;
+  n->device = g->device;
+  tt_status st = g->be->split(g, color, key, n);
+  if (st != TT_OK) {
+    free(n);
+    return st;
+  }
+  *out = n;
+  return TT_OK;
+}
+
+/* ---- validation ------------------------------------------------------------ */
+
+static tt_status tt_chk_coll(const char *op, const tt_group *g, const tt_tensor *t) {
+  char s[96];
+  if (!tt_tensor_is_contiguous(t))
+    return tt_error_set(TT_ERR_LAYOUT, "%s: tensor %s is not contiguous; collectives need contiguous tensors", op,
+                        SHP(t, s));
+  if (!strcmp(g->be->name, "nccl") && t->device.type != TT_CUDA)
+    return tt_error_set(TT_ERR_DEVICE, "%s: the nccl backend needs CUDA tensors, got %s on the host", op, SHP(t, s));
+  return TT_OK;
+}
+
+/* out is `in` with dim 0 multiplied (gather) or divided (scatter) by the group size. */
+static tt_status tt_chk_dim0(const char *op, const tt_group *g, const tt_tensor *small, const tt_tensor *big) {
+  char s1[96], s2[96];
+  int ok = small->ndim == big->ndim && small->ndim >= 1 && big->shape[0] == small->shape[0] * g->size &&
+           small->dtype == big->dtype;
+  for (int i = 1; ok && i < small->ndim; i++) ok = small->shape[i] == big->shape[i];
+  if (!ok)
+    return tt_error_set(TT_ERR_SHAPE, "%s: chunk %s and full %s over %d ranks; expected full dim 0 = %d x chunk dim 0",
+                        op, SHP(small, s1), SHP(big, s2), g->size, g->size);
+  return TT_OK;
+}
+
+static tt_status tt_chk_op(const char *name, int op) {
+  if (op < TT_RED_SUM || op > TT_RED_MIN) return tt_error_set(TT_ERR_INVALID, "%s: unknown reduction %d", name, op);
+  return TT_OK;
+}
+
+tt_status tt_dist_all_reduce(tt_group *g, tt_tensor *t, int op) {
+  TT_TRY(tt_chk_op("all_reduce", op));
+  TT_TRY(tt_chk_coll("all_reduce", g, t));
+  return g->be->all_reduce(g, t, op);
+}
+
+tt_status tt_dist_reduce_scatter(tt_group *g, const tt_tensor *in, tt_tensor *out, int op) {
+  TT_TRY(tt_chk_op("reduce_scatter", op));
+  TT_TRY(tt_chk_coll("reduce_scatter", g, in));
+  TT_TRY(tt_chk_coll("reduce_scatter", g, out));
+  TT_TRY(tt_chk_dim0("reduce_scatter", g, out, in));
+  return g->be->reduce_scatter(g, in, out, op);
+}
+
+tt_status tt_dist_all_gather(tt_group *g, const tt_tensor *in, tt_tensor *out) {
+  TT_TRY(tt_chk_coll("all_gather", g, in));
+  TT_TRY(tt_chk_coll("all_gather", g, out));
+  TT_TRY(tt_chk_dim0("all_gather", g, in, out));
+  return g->be->all_gather(g, in, out);
+}
+
+tt_status tt_dist_broadcast(tt_group *g, tt_tensor *t, int root) {
+  if (root < 0 || root >= g->size)
+    return tt_error_set(TT_ERR_INVALID, "broadcast: root %d is not in [0, %d)", root, g->size);
+  TT_TRY(tt_chk_coll("broadcast", g, t));
+  return g->be->broadcast(g, t, root);
+}
+
+tt_status tt_dist_all_to_all(tt_group *g, const tt_tensor *in, tt_tensor *out) {
+  char s1[96], s2[96];
+  TT_TRY(tt_chk_coll("all_to_all", g, in));
+  TT_TRY(tt_chk_coll("all_to_all", g, out));
+  if (tt_tensor_numel(in) != tt_tensor_numel(out) || in->dtype != out->dtype || in->ndim < 1 ||
+      in->shape[0] % g->size)
+    return tt_error_set(TT_ERR_SHAPE, "all_to_all: in %s and out %s; expected equal sizes and dim 0 divisible by %d",
+                        SHP(in, s1), SHP(out, s2), g->size);
+  return g->be->all_to_all(g, in, out);
+}
+
+static tt_status tt_chk_peer(const char *op, const tt_group *g, int peer) {
+  if (peer < 0 || peer >= g->size || peer == g->rank)
+    return tt_error_set(TT_ERR_INVALID, "%s: peer %d is not another rank of [0, %d) (this is rank %d)", op, peer,
+                        g->size, g->rank);
+  return TT_OK;
+}
+
+tt_status tt_dist_send(tt_group *g, const tt_tensor *t, int peer) {
+  TT_TRY(tt_chk_peer("send", g, peer));
+  TT_TRY(tt_chk_coll("send", g, t));
+  return g->be->send(g, t, peer);
+}
+
+tt_status tt_dist_recv(tt_group *g, tt_tensor *t, int peer) {
+  TT_TRY(tt_chk_peer("recv", g, peer));
+  TT_TRY(tt_chk_coll("recv", g, t));
+  return g->be->recv(g, t, peer);
+}
+
+tt_status tt_dist_barrier(tt_group *g) { return g->be->barrier(g); }
+
+/* ---- the fake backend ---------------------------------------------------------
+ * One process standing for rank r of N: every rank is assumed to hold the
+ * same data as this one, so results have the right shapes and are exact
+ * when N = 1 (sum over N identical copies = N x local; avg = local). */
+
+static tt_status fake_init(tt_group *g, const uint8_t *id, size_t n) {
+  (void)g, (void)id, (void)n;
+  return TT_OK;
+}
+
+static tt_status fake_split(tt_group *g, int color, int key, tt_group *out) {
+  (void)color;
+  (void)key;
+  out->rank = 0; /* only this process is known: it forms a group of one */
+  out->size = 1;
+  (void)g;
+  return TT_OK;
+}
+
+static tt_status fake_all_reduce(tt_group *g, tt_tensor *t, int op) {
+  if (op == TT_RED_SUM && g->size > 1) {
+    tt_tensor *out = t;
+    return tt_op_unary(TT_SCALE, t, (double)g->size, &out);
+  }
+  return TT_OK;
+}
+
+static tt_status fake_reduce_scatter(tt_group *g, const tt_tensor *in, tt_tensor *out, int op) {
+  tt_tensor *chunk = NULL;
+  TT_TRY(tt_view_narrow(in, 0, (int64_t)g->rank * out->shape[0], out->shape[0], &chunk));
+  tt_status st = tt_tensor_copy(out, chunk);
+  tt_tensor_release(chunk);
+  if (st == TT_OK) st = fake_all_reduce(g, out, op);
+  return st;
+}
+
+static tt_status fake_all_gather(tt_group *g, const tt_tensor *in, tt_tensor *out) {
+  for (int r = 0; r < g->size; r++) {
+    tt_tensor *slot = NULL;
+    TT_TRY(tt_view_narrow(out, 0, (int64_t)r * in->shape[0], in->shape[0], &slot));
+    tt_status st = tt_tensor_copy(slot, in);
+    tt_tensor_release(slot);
+    TT_TRY(st);
+  }
+  return TT_OK;
+}
+
+static tt_status fake_broadcast(tt_group *g, tt_tensor *t, int root) {
+  (void)g, (void)t, (void)root;
+  return TT_OK;
+}
+
+static tt_status fake_all_to_all(tt_group *g, const tt_tensor *in, tt_tensor *out) {
+  (void)g;
+  return tt_tensor_copy(out, in);
+}
+
+static tt_status fake_p2p(tt_group *g, const tt_tensor *t, int peer) {
+  (void)t;
+  return tt_error_set(TT_ERR_UNSUPPORTED, "send/recv: the fake backend has no peer %d to talk to (rank %d of %d)", peer,
+                      g->rank, g->size);
+}
+static tt_status fake_recv(tt_group *g, tt_tensor *t, int peer) { return fake_p2p(g, t, peer); }
+
+static tt_status fake_barrier(tt_group *g) {
+  (void)g;
+  return TT_OK;
+}
+
+static const tt_dist_backend tt_fake = {
+    .name = "fake",
+    .init = fake_init,
+    .split = fake_split,
+    .all_reduce = fake_all_reduce,
+    .reduce_scatter = fake_reduce_scatter,
+    .all_gather = fake_all_gather,
+    .broadcast = fake_broadcast,
+    .all_to_all = fake_all_to_all,
+    .send = fake_p2p,
+    .recv = fake_recv,
+    .barrier = fake_barrier,
+};
+
+const tt_dist_backend *tt_dist_backend_fake(void) { return &tt_fake; }
+
+#ifndef TITAN_HAVE_CUDA
+const tt_dist_backend *tt_dist_backend_nccl(void) { return NULL; }
+tt_status tt_dist_unique_id(uint8_t *out, size_t cap, size_t *len) {
+  (void)out, (void)cap;
+  *len = 0;
+  return tt_error_set(TT_ERR_UNSUPPORTED, "dist: NCCL is not built in (configure with TITAN_CUDA=ON)");
+}
+#endif

@@ -1,0 +1,37 @@
+/*
+ * dist.h — the collectives backend table behind tt_group (engine/dist.c).
+ * A backend implements the collectives for contiguous tensors whose shapes
+ * dist.c has already validated.
+ */
+#ifndef TT_ENGINE_DIST_H
+#define TT_ENGINE_DIST_H
+
+#include "internal.h"
+
+typedef struct tt_dist_backend {
+  const char *name;
+  /* Create the backend's communicator for g (rank, size, device set). */
+  tt_status (*init)(tt_group *g, const uint8_t *unique_id, size_t id_len);
+  void (*destroy)(tt_group *g);
+  tt_status (*split)(tt_group *g, int color, int key, tt_group *out);
+  tt_status (*all_reduce)(tt_group *g, tt_tensor *t, int op);
+  tt_status (*reduce_scatter)(tt_group *g, const tt_tensor *in, tt_tensor *out, int op);
+  tt_status (*all_gather)(tt_group *g, const tt_tensor *in, tt_tensor *out);
+  tt_status (*broadcast)(tt_group *g, tt_tensor *t, int root);
+  tt_status (*all_to_all)(tt_group *g, const tt_tensor *in, tt_tensor *out);
+  tt_status (*send)(tt_group *g, const tt_tensor *t, int peer);
+  tt_status (*recv)(tt_group *g, tt_tensor *t, int peer);
+  tt_status (*barrier)(tt_group *g);
+} tt_dist_backend;
+
+struct tt_group {
+  const tt_dist_backend *be;
+  int rank, size, device;
+  void *impl; /* the backend's communicator */
+};
+
+const tt_dist_backend *tt_dist_backend_fake(void);
+/* NULL when built without NCCL. */
+const tt_dist_backend *tt_dist_backend_nccl(void);
+
+#endif

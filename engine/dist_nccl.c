@@ -1,0 +1,261 @@
+/*
+ * dist_nccl.c — the "nccl" collectives backend (CUDA tensors).
+ *
+ * Each group holds an NCCL communicator on the group's device. Collectives
+ * run on the device's communication stream so they overlap compute; two
+ * events fence them: the comm stream waits for the compute stream's work
+ * that produced the input, and the compute stream waits for the collective
+ * before anything reads the output. Only compiled with TITAN_CUDA.
+ */
+#ifdef TITAN_HAVE_CUDA
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist.h"
+
+/* Streams of the CUDA backend (kernels/cuda/backend.cu). */
+void *tt_cuda_stream(int device);
+void *tt_cuda_comm_stream(int device);
+
+typedef struct {
+  ncclComm_t comm;
+  cudaEvent_t produced, done;
+  float *scratch; /* one float for barriers */
+} tt_nccl;
+
+#define NCCL_TRY(call)                                                                                  \
+  do {                                                                                                  \
+    ncclResult_t r_ = (call);                                                                           \
+    if (r_ != ncclSuccess)                                                                              \
+      return tt_error_set(TT_ERR_INTERNAL, "nccl: %s failed at %s:%d: %s", #call, __FILE__, __LINE__,   \
+                          ncclGetErrorString(r_));                                                      \
+  } while (0)
+
+#define CUDA_TRY(call)                                                                                  \
+  do {                                                                                                  \
+    cudaError_t e_ = (call);                                                                            \
+    if (e_ != cudaSuccess)                                                                              \
+      return tt_error_set(TT_ERR_INTERNAL, "cuda: %s failed at %s:%d: %s", #call, __FILE__, __LINE__,   \
+                          cudaGetErrorString(e_));                                                      \
+  } while (0)
+
+static tt_status nccl_dtype(int dtype, ncclDataType_t *out, int reducing) {
+  switch (dtype) {
+    case TT_F32: *out = ncclFloat32; return TT_OK;
+    case TT_F64: *out = ncclFloat64; return TT_OK;
+    case TT_BF16: *out = ncclBfloat16; return TT_OK;
+    case TT_F16: *out = ncclFloat16; return TT_OK;
+    case TT_I32: *out = ncclInt32; return TT_OK;
+    case TT_I64: *out = ncclInt64; return TT_OK;
+    case TT_U8: case TT_BOOL: *out = ncclUint8; return TT_OK;
+    case TT_F8E4M3: case TT_F8E5M2:
+      if (reducing) break; /* bytes move fine; sums of fp8 do not */
+      *out = ncclUint8;
+      return TT_OK;
+    default: break;
+  }
+  return tt_error_set(TT_ERR_DTYPE, "nccl: dtype %s cannot be %s", tt_dtype_name(dtype),
+                      reducing ? "reduced" : "communicated");
+}
+
+static ncclRedOp_t nccl_op(int op) {
+  switch (op) {
+    case TT_RED_AVG: return ncclAvg;
+    case TT_RED_MAX: return ncclMax;
+    case TT_RED_MIN: return ncclMin;
+    default: return ncclSum;
+  }
+}
+
+static tt_nccl *impl(tt_group *g) { return (tt_nccl *)g->impl; }
+
+static tt_status events_new(tt_nccl *n) {
+  CUDA_TRY(cudaEventCreateWithFlags(&n->produced, cudaEventDisableTiming));
+  CUDA_TRY(cudaEventCreateWithFlags(&n->done, cudaEventDisableTiming));
+  CUDA_TRY(cudaMalloc((void **)&n->scratch, sizeof(float)));
+  return TT_OK;
+}
+
+static tt_status nccl_init(tt_group *g, const uint8_t *id, size_t id_len) {
+  if (!id || id_len != sizeof(ncclUniqueId))
+    return tt_error_set(TT_ERR_INVALID, "nccl: a %zu-byte unique id from rank 0 is required, got %zu bytes",
+                        sizeof(ncclUniqueId), id_len);
+  CUDA_TRY(cudaSetDevice(g->device));
+  tt_nccl *n = calloc(1, sizeof *n);
+  if (!n) return tt_error_set(TT_ERR_OOM, "nccl: out of host memory");
+  ncclUniqueId uid;
+  memcpy(&uid, id, sizeof uid);
+  ncclResult_t r = ncclCommInitRank(&n->comm, g->size, uid, g->rank);
+  if (r != ncclSuccess) {
+    free(n);
+    return tt_error_set(TT_ERR_INTERNAL, "nccl: ncclCommInitRank (rank %d of %d) failed: %s", g->rank, g->size,
+                        ncclGetErrorString(r));
+  }
+  g->impl = n;
+  return events_new(n);
+}
+
+static void nccl_destroy(tt_group *g) {
+  tt_nccl *n = impl(g);
+  if (!n) return;
+  if (n->produced) cudaEventDestroy(n->produced);
+  if (n->done) cudaEventDestroy(n->done);
+  if (n->scratch) cudaFree(n->scratch);
+  if (n->comm) ncclCommDestroy(n->comm);
+  free(n);
+  g->impl = NULL;
+}
+
+static tt_status nccl_split(tt_group *g, int color, int key, tt_group *out) {
+  tt_nccl *n = calloc(1, sizeof *n);
+  if (!n) return tt_error_set(TT_ERR_OOM, "nccl: out of host memory");
+  ncclResult_t r = ncclCommSplit(impl(g)->comm, color, key, &n->comm, NULL);
+  if (r != ncclSuccess) {
+    free(n);
+    return tt_error_set(TT_ERR_INTERNAL, "nccl: ncclCommSplit failed: %s", ncclGetErrorString(r));
+  }
+  int rank = 0, size = 0;
+  ncclCommUserRank(n->comm, &rank);
+  ncclCommCount(n->comm, &size);
+  out->rank = rank;
+  out->size = size;
+  out->impl = n;
+  return events_new(n);
+}
+
+/* Fence in: the comm stream waits for the compute stream. */
+static tt_status begin(tt_group *g, cudaStream_t *comm) {
+  tt_nccl *n = impl(g);
+  CUDA_TRY(cudaSetDevice(g->device));
+  cudaStream_t compute = (cudaStream_t)tt_cuda_stream(g->device);
+  *comm = (cudaStream_t)tt_cuda_comm_stream(g->device);
+  if (!compute || !*comm) return tt_error_set(TT_ERR_INTERNAL, "nccl: no CUDA streams on device %d", g->device);
+  CUDA_TRY(cudaEventRecord(n->produced, compute));
+  CUDA_TRY(cudaStreamWaitEvent(*comm, n->produced, 0));
+  return TT_OK;
+}
+
+/* Fence out: the compute stream waits for the collective. */
+static tt_status end(tt_group *g, cudaStream_t comm) {
+  tt_nccl *n = impl(g);
+  CUDA_TRY(cudaEventRecord(n->done, comm));
+  CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)tt_cuda_stream(g->device), n->done, 0));
+  return TT_OK;
+}
+
+static tt_status nccl_all_reduce(tt_group *g, tt_tensor *t, int op) {
+  ncclDataType_t dt = ncclFloat32;
+  cudaStream_t s = NULL;
+  TT_TRY(nccl_dtype(t->dtype, &dt, 1));
+  TT_TRY(begin(g, &s));
+  void *p = tt_tensor_data(t);
+  NCCL_TRY(ncclAllReduce(p, p, (size_t)tt_tensor_numel(t), dt, nccl_op(op), impl(g)->comm, s));
+  return end(g, s);
+}
+
+static tt_status nccl_reduce_scatter(tt_group *g, const tt_tensor *in, tt_tensor *out, int op) {
+  ncclDataType_t dt = ncclFloat32;
+  cudaStream_t s = NULL;
+  TT_TRY(nccl_dtype(in->dtype, &dt, 1));
+  TT_TRY(begin(g, &s));
+  NCCL_TRY(ncclReduceScatter(tt_tensor_data(in), tt_tensor_data(out), (size_t)tt_tensor_numel(out), dt, nccl_op(op),
+                             impl(g)->comm, s));
+  return end(g, s);
+}
+
+static tt_status nccl_all_gather(tt_group *g, const tt_tensor *in, tt_tensor *out) {
+  ncclDataType_t dt = ncclFloat32;
+  cudaStream_t s = NULL;
+  TT_TRY(nccl_dtype(in->dtype, &dt, 0));
+  TT_TRY(begin(g, &s));
+  NCCL_TRY(ncclAllGather(tt_tensor_data(in), tt_tensor_data(out), (size_t)tt_tensor_numel(in), dt, impl(g)->comm, s));
+  return end(g, s);
+}
+
+static tt_status nccl_broadcast(tt_group *g, tt_tensor *t, int root) {
+  ncclDataType_t dt = ncclFloat32;
+  cudaStream_t s = NULL;
+  TT_TRY(nccl_dtype(t->dtype, &dt, 0));
+  TT_TRY(begin(g, &s));
+  void *p = tt_tensor_data(t);
+  NCCL_TRY(ncclBroadcast(p, p, (size_t)tt_tensor_numel(t), dt, root, impl(g)->comm, s));
+  return end(g, s);
+}
+
+static tt_status nccl_all_to_all(tt_group *g, const tt_tensor *in, tt_tensor *out) {
+  ncclDataType_t dt = ncclFloat32;
+  cudaStream_t s = NULL;
+  TT_TRY(nccl_dtype(in->dtype, &dt, 0));
+  TT_TRY(begin(g, &s));
+  size_t chunk = (size_t)tt_tensor_numel(in) / (size_t)g->size, esz = tt_dtype_size(in->dtype);
+  const char *src = tt_tensor_data(in);
+  char *dst = tt_tensor_data(out);
+  NCCL_TRY(ncclGroupStart());
+  for (int r = 0; r < g->size; r++) {
+    NCCL_TRY(ncclSend(src + (size_t)r * chunk * esz, chunk, dt, r, impl(g)->comm, s));
+    NCCL_TRY(ncclRecv(dst + (size_t)r * chunk * esz, chunk, dt, r, impl(g)->comm, s));
+  }
+  NCCL_TRY(ncclGroupEnd());
+  return end(g, s);
+}
+
+static tt_status nccl_send(tt_group *g, const tt_tensor *t, int peer) {
+  ncclDataType_t dt = ncclFloat32;
+  cudaStream_t s = NULL;
+  TT_TRY(nccl_dtype(t->dtype, &dt, 0));
+  TT_TRY(begin(g, &s));
+  NCCL_TRY(ncclSend(tt_tensor_data(t), (size_t)tt_tensor_numel(t), dt, peer, impl(g)->comm, s));
+  return end(g, s);
+}
+
+static tt_status nccl_recv(tt_group *g, tt_tensor *t, int peer) {
+  ncclDataType_t dt = ncclFloat32;
+  cudaStream_t s = NULL;
+  TT_TRY(nccl_dtype(t->dtype, &dt, 0));
+  TT_TRY(begin(g, &s));
+  NCCL_TRY(ncclRecv(tt_tensor_data(t), (size_t)tt_tensor_numel(t), dt, peer, impl(g)->comm, s));
+  return end(g, s);
+}
+
+static tt_status nccl_barrier(tt_group *g) {
+  cudaStream_t s = NULL;
+  TT_TRY(begin(g, &s));
+  NCCL_TRY(ncclAllReduce(impl(g)->scratch, impl(g)->scratch, 1, ncclFloat32, ncclSum, impl(g)->comm, s));
+  CUDA_TRY(cudaStreamSynchronize(s));
+  return end(g, s);
+}
+
+static const tt_dist_backend tt_nccl_backend = {
+    .name = "nccl",
+    .init = nccl_init,
+    .destroy = nccl_destroy,
+    .split = nccl_split,
+    .all_reduce = nccl_all_reduce,
+    .reduce_scatter = nccl_reduce_scatter,
+    .all_gather = nccl_all_gather,
+    .broadcast = nccl_broadcast,
+    .all_to_all = nccl_all_to_all,
+    .send = nccl_send,
+    .recv = nccl_recv,
+    .barrier = nccl_barrier,
+};
+
+const tt_dist_backend *tt_dist_backend_nccl(void) { return &tt_nccl_backend; }
+
+tt_status tt_dist_unique_id(uint8_t *out, size_t cap, size_t *len) {
+  *len = sizeof(ncclUniqueId);
+  if (cap < sizeof(ncclUniqueId))
+    return tt_error_set(TT_ERR_INVALID, "dist: the unique id needs %zu bytes, buffer has %zu", sizeof(ncclUniqueId), cap);
+  ncclUniqueId id;
+  NCCL_TRY(ncclGetUniqueId(&id));
+  memcpy(out, &id, sizeof id);
+  return TT_OK;
+}
+
+#else
+/* Without CUDA this file is empty; dist.c provides the stubs. */
+typedef int tt_dist_nccl_unused;
+#endif

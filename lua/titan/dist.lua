@@ -1,0 +1,114 @@
+-- dist.lua — process groups and collectives (the C side is engine/dist.c).
+--
+--   local g = dist.new_group({ backend = "fake", rank = 0, world = 1 })
+--   g:all_reduce(t, "sum")                  -- in place
+--   local full = g:all_gather(shard)        -- dim 0 concatenated over ranks
+--   local part = g:reduce_scatter(full, "avg")
+--
+-- Backends: "fake" (this process stands for rank r of `world`: right
+-- shapes, exact at world 1 — dry runs, memory estimates, the REPL) and
+-- "nccl" (CUDA tensors; rank 0's dist.unique_id() reaches the other ranks
+-- through the launcher).
+local tensor = require("titan.tensor")
+local tffi = require("titan.ffi")
+local ffi, C, check = tffi.ffi, tffi.C, tffi.check
+
+local M = {}
+
+local Group = {}
+Group.__index = Group
+M.Group = Group
+
+local ops = { sum = C.TT_RED_SUM, avg = C.TT_RED_AVG, max = C.TT_RED_MAX, min = C.TT_RED_MIN }
+
+local function red(op)
+  local v = ops[op or "sum"]
+  if not v then error("dist: unknown reduction '" .. tostring(op) .. "'; expected sum, avg, max or min", 3) end
+  return v
+end
+
+local function wrap_group(ptr)
+  return setmetatable({ _c = ffi.gc(ptr, C.tt_group_free) }, Group)
+end
+
+-- NCCL's unique id as a Lua string (rank 0 creates it, everyone passes it).
+function M.unique_id()
+  local buf, len = ffi.new("uint8_t[256]"), ffi.new("size_t[1]")
+  check(C.tt_dist_unique_id(buf, 256, len), 2)
+  return ffi.string(buf, len[0])
+end
+
+-- opts: backend ("fake"), rank (0), world (1), unique_id (string), device (0)
+function M.new_group(opts)
+  opts = opts or {}
+  local out = ffi.new("tt_group*[1]")
+  local id = opts.unique_id
+  check(C.tt_group_new(opts.backend or "fake", opts.rank or 0, opts.world or 1, id, id and #id or 0,
+    opts.device or 0, out), 2)
+  return wrap_group(out[0])
+end
+
+function Group:rank() return C.tt_group_rank(self._c) end
+function Group:size() return C.tt_group_size(self._c) end
+function Group:backend() return ffi.string(C.tt_group_backend(self._c)) end
+
+function Group:split(color, key)
+  local out = ffi.new("tt_group*[1]")
+  check(C.tt_group_split(self._c, color, key or self:rank(), out), 2)
+  return wrap_group(out[0])
+end
+
+function Group:all_reduce(t, op)
+  check(C.tt_dist_all_reduce(self._c, tensor.cptr(t), red(op)), 2)
+  return t
+end
+
+local function with_dim0(t, factor)
+  local shape = t:shape()
+  shape[1] = shape[1] * factor
+  return tensor.empty(shape, { dtype = t:dtype(), device = t:device() })
+end
+
+function Group:all_gather(t, out)
+  out = out or with_dim0(t, self:size())
+  check(C.tt_dist_all_gather(self._c, tensor.cptr(t), tensor.cptr(out)), 2)
+  return out
+end
+
+function Group:reduce_scatter(t, op, out)
+  if not out then
+    local shape = t:shape()
+    if shape[1] % self:size() ~= 0 then
+      error(("reduce_scatter: dim 0 of %s is not divisible by %d ranks"):format(tensor.shape_str(shape), self:size()), 2)
+    end
+    shape[1] = shape[1] / self:size()
+    out = tensor.empty(shape, { dtype = t:dtype(), device = t:device() })
+  end
+  check(C.tt_dist_reduce_scatter(self._c, tensor.cptr(t), tensor.cptr(out), red(op)), 2)
+  return out
+end
+
+function Group:broadcast(t, root)
+  check(C.tt_dist_broadcast(self._c, tensor.cptr(t), root or 0), 2)
+  return t
+end
+
+function Group:all_to_all(t, out)
+  out = out or tensor.empty(t:shape(), { dtype = t:dtype(), device = t:device() })
+  check(C.tt_dist_all_to_all(self._c, tensor.cptr(t), tensor.cptr(out)), 2)
+  return out
+end
+
+function Group:send(t, peer) check(C.tt_dist_send(self._c, tensor.cptr(t), peer), 2) end
+function Group:recv(t, peer) check(C.tt_dist_recv(self._c, tensor.cptr(t), peer), 2); return t end
+function Group:barrier() check(C.tt_dist_barrier(self._c), 2) end
+
+function Group:free()
+  if self._c ~= nil then
+    ffi.gc(self._c, nil)
+    C.tt_group_free(self._c)
+    self._c = nil
+  end
+end
+
+return M
