@@ -3,12 +3,18 @@
  *
  * Each device gets two non-blocking streams, created on first use: one for
  * compute (every kernel, copy and GEMM of this backend) and one reserved for
- * collectives, so NCCL can overlap compute once it is fenced by events.
+ * collectives, so NCCL can overlap compute once it is fenced by events, and
+ * one fixed scratch buffer for the partials of multi-pass kernels.
+ *
+ * The table's kernels live one family per file (elementwise.cu, reduce.cu,
+ * index.cu, embed.cu, norm.cu, rope.cu, attention.cu, act.cu, loss.cu,
+ * optim.cu, rng.cu, copy.cu, gemm.cu).
  */
 #include <atomic>
 #include <mutex>
 #include <stdio.h>
 #include <string.h>
+#include <utility>
 
 #include <cublasLt.h>
 #include <cudnn.h>
@@ -102,6 +108,29 @@ extern "C" const char *tt_cuda_info_impl(void) {
   return buf;
 }
 
+/* ---- scratch ------------------------------------------------------------ */
+
+static struct {
+  std::mutex lock;
+  void *ptr;
+} tt_cuda_ws[TT_CUDA_MAX_DEVICES];
+
+tt_status tt_cuda_workspace(int device, void **ptr, std::unique_lock<std::mutex> *hold) {
+  if (device < 0 || device >= TT_CUDA_MAX_DEVICES)
+    return tt_error_set(TT_ERR_DEVICE, "cuda: device %d out of range (this build handles %d devices)", device,
+                        TT_CUDA_MAX_DEVICES);
+  std::unique_lock<std::mutex> guard(tt_cuda_ws[device].lock);
+  if (!tt_cuda_ws[device].ptr) {
+    void *p = NULL;
+    cudaError_t err = cudaMalloc(&p, TT_CUDA_WORKSPACE);
+    if (err != cudaSuccess) return tt_cuda_fail(err, "cudaMalloc(kernel workspace)", __FILE__, __LINE__);
+    tt_cuda_ws[device].ptr = p;
+  }
+  *ptr = tt_cuda_ws[device].ptr;
+  *hold = std::move(guard);
+  return TT_OK;
+}
+
 /* ---- memory ------------------------------------------------------------ */
 
 static tt_status tt_cuda_mem_alloc(int device, size_t nbytes, void **out) {
@@ -162,7 +191,35 @@ static tt_kernels tt_cuda_table_make(void) {
   k.synchronize = tt_cuda_synchronize;
   k.copy = tt_cuda_copy;
   k.fill = tt_cuda_fill;
+  k.arange = tt_cuda_arange;
+  k.rng = tt_cuda_rng;
+  k.binary = tt_cuda_binary;
+  k.unary = tt_cuda_unary;
+  k.unary_backward = tt_cuda_unary_backward;
+  k.axpy = tt_cuda_axpy;
+  k.reduce = tt_cuda_reduce;
+  k.sum_to = tt_cuda_sum_to;
+  k.softmax = tt_cuda_softmax;
+  k.softmax_backward = tt_cuda_softmax_backward;
+  k.sumsq = tt_cuda_sumsq;
   k.gemm = tt_cuda_gemm;
+  k.index_select = tt_cuda_index_select;
+  k.index_add = tt_cuda_index_add;
+  k.gather = tt_cuda_gather;
+  k.scatter_add = tt_cuda_scatter_add;
+  k.embedding = tt_cuda_embedding;
+  k.embedding_backward = tt_cuda_embedding_backward;
+  k.rmsnorm = tt_cuda_rmsnorm;
+  k.rmsnorm_backward = tt_cuda_rmsnorm_backward;
+  k.rope_table = tt_cuda_rope_table;
+  k.rope = tt_cuda_rope;
+  k.attention = tt_cuda_attention;
+  k.attention_backward = tt_cuda_attention_backward;
+  k.swiglu = tt_cuda_swiglu;
+  k.swiglu_backward = tt_cuda_swiglu_backward;
+  k.cross_entropy = tt_cuda_cross_entropy;
+  k.cross_entropy_backward = tt_cuda_cross_entropy_backward;
+  k.adamw = tt_cuda_adamw;
   return k;
 }
 

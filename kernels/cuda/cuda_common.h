@@ -3,14 +3,15 @@
  * engine never includes it). Everything the engine calls has C linkage.
  *
  * Device selection: the mem_* and synchronize entries take a device ordinal
- * and make it current on the calling thread; copy, fill and gemm take none
- * and run on the thread's current device (so on the device of the last
- * mem_* call), on that device's compute stream.
+ * and make it current on the calling thread; every other entry (copy, fill,
+ * gemm and the kernels) takes none and runs on the thread's current device
+ * (so on the device of the last mem_* call), on that device's compute stream.
  */
 #ifndef TT_KERNELS_CUDA_COMMON_H
 #define TT_KERNELS_CUDA_COMMON_H
 
 #include <cuda_runtime.h>
+#include <mutex>
 #include <stdint.h>
 
 extern "C" {
@@ -36,6 +37,74 @@ tt_status tt_cuda_fill(int dtype, int64_t n, double value, void *dst);
 tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t batch, int64_t m, int64_t n, int64_t k,
                        double alpha, const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb,
                        int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c);
+
+/* rng.cu: arange and random numbers (the same Philox stream as the CPU). */
+tt_status tt_cuda_arange(int dtype, int64_t n, double start, double step, void *dst);
+tt_status tt_cuda_rng(int kind, int dtype, int64_t n, uint64_t seed, uint64_t offset, double p0, double p1, double p2,
+                      double p3, void *dst);
+/* elementwise.cu */
+tt_status tt_cuda_binary(int op, int dtype, int ndim, const int64_t *shape, const void *a, const int64_t *a_strides,
+                         const void *b, const int64_t *b_strides, void *out, const int64_t *out_strides);
+tt_status tt_cuda_unary(int op, int dtype, int64_t n, double alpha, const void *x, void *y);
+tt_status tt_cuda_unary_backward(int op, int dtype, int64_t n, double alpha, const void *x, const void *y,
+                                 const void *dy, void *dx);
+tt_status tt_cuda_axpy(int dtype, int64_t n, double alpha, const void *x, void *y);
+/* reduce.cu */
+tt_status tt_cuda_reduce(int op, int dtype, int64_t outer, int64_t n, int64_t inner, const void *x, void *y,
+                         int64_t *idx);
+tt_status tt_cuda_sum_to(int dtype, int ndim, const int64_t *shape, const void *x, const int64_t *out_shape,
+                         void *out);
+tt_status tt_cuda_softmax(int dtype, int64_t rows, int64_t n, int log, const void *x, void *y);
+tt_status tt_cuda_softmax_backward(int dtype, int64_t rows, int64_t n, int log, const void *y, const void *dy,
+                                   void *dx);
+tt_status tt_cuda_sumsq(int dtype, int64_t n, const void *x, double *out);
+/* index.cu */
+tt_status tt_cuda_index_select(int dtype, int64_t outer, int64_t n_src, int64_t inner, const void *src,
+                               int64_t n_idx, const int64_t *idx, void *out);
+tt_status tt_cuda_index_add(int dtype, int64_t outer, int64_t n_dst, int64_t inner, void *dst, int64_t n_idx,
+                            const int64_t *idx, const void *src);
+tt_status tt_cuda_gather(int dtype, int64_t outer, int64_t n_src, int64_t inner, const void *src, int64_t n_idx,
+                         const int64_t *idx, void *out);
+tt_status tt_cuda_scatter_add(int dtype, int64_t outer, int64_t n_dst, int64_t inner, void *dst, int64_t n_idx,
+                              const int64_t *idx, const void *src);
+/* embed.cu */
+tt_status tt_cuda_embedding(int dtype, int64_t n_ids, int64_t dim, const void *weight, const int64_t *ids,
+                            void *out);
+tt_status tt_cuda_embedding_backward(int dtype, int64_t n_ids, int64_t dim, int64_t vocab, const void *dy,
+                                     const int64_t *ids, void *dweight);
+/* norm.cu */
+tt_status tt_cuda_rmsnorm(int dtype, int64_t rows, int64_t dim, double eps, const void *x, const void *w, void *y,
+                          void *rstd);
+tt_status tt_cuda_rmsnorm_backward(int dtype, int64_t rows, int64_t dim, const void *x, const void *w,
+                                   const void *rstd, const void *dy, void *dx, void *dw);
+/* rope.cu */
+tt_status tt_cuda_rope_table(int dtype, int64_t head_dim, int64_t max_seq, double theta, double scale_factor,
+                             double low_freq_factor, double high_freq_factor, int64_t original_max_seq, void *cos,
+                             void *sin);
+tt_status tt_cuda_rope(int dtype, int64_t B, int64_t T, int64_t H, int64_t D, const void *x, const void *cos,
+                       const void *sin, int64_t pos_offset, int inverse, void *y);
+/* attention.cu */
+tt_status tt_cuda_attention(int dtype, int64_t B, int64_t T, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                            int causal, double scale, const void *q, const void *k, const void *v, void *o,
+                            void *lse);
+tt_status tt_cuda_attention_backward(int dtype, int64_t B, int64_t T, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                                     int causal, double scale, const void *q, const void *k, const void *v,
+                                     const void *o, const void *lse, const void *dout, void *dq, void *dk,
+                                     void *dv);
+/* act.cu */
+tt_status tt_cuda_swiglu(int dtype, int64_t n, const void *a, const void *b, void *y);
+tt_status tt_cuda_swiglu_backward(int dtype, int64_t n, const void *a, const void *b, const void *dy, void *da,
+                                  void *db);
+/* loss.cu */
+tt_status tt_cuda_cross_entropy(int dtype, int64_t N, int64_t V, const void *logits, const int64_t *targets,
+                                int64_t ignore_index, void *losses, void *lse);
+tt_status tt_cuda_cross_entropy_backward(int dtype, int64_t N, int64_t V, const void *logits,
+                                         const int64_t *targets, const void *lse, const void *dlosses,
+                                         int64_t ignore_index, void *dlogits);
+/* optim.cu */
+tt_status tt_cuda_adamw(int param_dtype, int grad_dtype, int64_t n, void *param, const void *grad, float *m,
+                        float *v, float *master, double lr, double beta1, double beta2, double eps,
+                        double weight_decay, double bias_correction1, double bias_correction2);
 }
 
 #define TT_CUDA_MAX_DEVICES 16
@@ -65,6 +134,14 @@ const char *tt_cuda_short_file(const char *file);
 tt_status tt_cuda_select(int device, cudaStream_t *stream);
 /* The calling thread's current device and its compute stream. */
 tt_status tt_cuda_current(int *device, cudaStream_t *stream);
+
+/* The device's scratch buffer for the partial results of multi-pass
+ * kernels (deterministic reductions): TT_CUDA_WORKSPACE bytes, allocated
+ * once per device on first use and never per call. The caller keeps `hold`
+ * locked until every kernel that uses the buffer is enqueued on the compute
+ * stream; the stream then orders those kernels before any later user's. */
+#define TT_CUDA_WORKSPACE (16u << 20)
+tt_status tt_cuda_workspace(int device, void **ptr, std::unique_lock<std::mutex> *hold);
 
 /* Blocks for a grid-stride loop over n elements. */
 static inline unsigned int tt_cuda_blocks(int64_t n) {

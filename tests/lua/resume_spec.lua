@@ -94,8 +94,11 @@ describe("preemption", function()
     local args = table.concat(small(dump, { "--checkpoint.enable=true", "--checkpoint.interval=1000",
       "--training.steps=100000" }), " ")
     local log = dump .. "/run.log"
-    local rc = os.execute(("%s lua/recipes/llama3_debugmodel.lua %s > %s 2>&1 & pid=$!; sleep 3; kill -TERM $pid; wait $pid")
-      :format(exe, args, log))
+    -- SIGTERM once the first step has been logged (the handler is installed
+    -- by then), however slow the machine is.
+    local rc = os.execute((("%s lua/recipes/llama3_debugmodel.lua %s > %s 2>&1 & pid=$!; "
+      .. "for i in $(seq 1 600); do grep -q '^step:' %s 2>/dev/null && break; sleep 0.2; done; "
+      .. "kill -TERM $pid; wait $pid")):format(exe, args, log, log))
     assert.truthy(rc == 0 or rc == true, "exit status after SIGTERM")
     local text = assert(io.open(log)):read("*a")
     local step = tonumber(text:match("SIGTERM: saved step (%d+), stopping"))

@@ -1,0 +1,487 @@
+-- bench/gpu.lua — Titan on one GPU: bf16 GEMM TFLOP/s (8192^3 and the
+-- Llama 3 8B linear shapes), attention forward+backward TFLOP/s, HBM GB/s of
+-- RMSNorm and AdamW (next to a plain device copy, the ceiling), and training
+-- tokens/s + MFU of Llama 3 debugmodel and 1B. PyTorch on the same GPU:
+-- bench/gpu_torch.py (it prints the side-by-side table). Targets: docs/gpu.md.
+--
+--   ./build-gpu/titan bench/gpu.lua [--json FILE] [--budget SECONDS] [--quick]
+--                                   [--real-init] [--device cpu --smoke]
+--
+-- --budget: stop starting new measurements when it would run past this many
+-- seconds (the GPU check gives each step a deadline); --quick: the headline
+-- shapes only; --real-init: the model's seeded init (drawn on the host when
+-- the backend has no RNG kernel: ~20 s for 1B) instead of tiling one random
+-- block on the device; --device cpu --smoke: tiny shapes on the CPU, to check
+-- this script runs at all on a machine without a GPU.
+--
+-- Every measurement is guarded: one that fails prints `error: ...` and the
+-- rest go on. Timing: warm-up, then rounds of back-to-back calls between
+-- device synchronizations (cudaDeviceSynchronize through the FFI); the
+-- median round. Benchmarks print figures; they never assert on them.
+package.path = "./bench/?.lua;" .. package.path
+local titan = require("titan")
+local common = require("common")
+local llama3 = require("models.llama3")
+local optim = require("titan.optim")
+local ffi, C = titan.ffi, titan.C
+local F = titan.F
+
+local PEAK = 989e12 -- H200 (and H100 SXM) dense bf16 FLOP/s
+
+-- ---- arguments ----------------------------------------------------------------
+local args = { budget = 1e9, json = nil, quick = false, device = "cuda", smoke = false, real_init = false }
+do
+  local argv = { ... }
+  local i = 1
+  while i <= #argv do
+    local a = argv[i]
+    if a == "--json" then args.json = argv[i + 1]; i = i + 1
+    elseif a == "--budget" then args.budget = tonumber(argv[i + 1]); i = i + 1
+    elseif a == "--device" then args.device = argv[i + 1]; i = i + 1
+    elseif a == "--quick" then args.quick = true
+    elseif a == "--smoke" then args.smoke = true
+    elseif a == "--real-init" then args.real_init = true
+    else error("bench/gpu.lua: unknown argument " .. tostring(a) .. " (expected --json FILE, --budget S, --quick, "
+      .. "--real-init, --device D, --smoke)", 0) end
+    i = i + 1
+  end
+end
+local DEV = args.device
+local ON_GPU = DEV:match("^cuda") ~= nil
+local T_START = common.now()
+local function elapsed() return common.now() - T_START end
+local function time_left() return args.budget - elapsed() end
+
+if ON_GPU and not titan.cuda_available() then
+  io.stderr:write("bench/gpu.lua: no CUDA device (or titan built without TITAN_CUDA)\n")
+  os.exit(1)
+end
+
+-- ---- device synchronization -----------------------------------------------------
+pcall(ffi.cdef, "int cudaDeviceSynchronize(void); const char *cudaGetErrorString(int error);")
+local sync, sync_how
+if not ON_GPU then
+  sync, sync_how = function() end, "none (cpu)"
+else
+  local lib
+  if pcall(function() return ffi.C.cudaDeviceSynchronize end) then
+    lib, sync_how = ffi.C, "cudaDeviceSynchronize (cudart already in the process)"
+  else
+    for _, name in ipairs({ "cudart", "libcudart.so.13", "libcudart.so.12", "libcudart.so" }) do
+      local ok, l = pcall(ffi.load, name)
+      if ok then lib, sync_how = l, "cudaDeviceSynchronize (" .. name .. ")" break end
+    end
+  end
+  if lib then
+    sync = function()
+      local rc = lib.cudaDeviceSynchronize()
+      if rc ~= 0 then error("cudaDeviceSynchronize: " .. ffi.string(lib.cudaGetErrorString(rc)), 0) end
+    end
+  else
+    sync_how = "a one-element device->host copy (cudart not found through the FFI)"
+    sync = function()
+      local t = titan.zeros({ 1 }, { device = DEV })
+      t:to("cpu")
+      t:free()
+    end
+  end
+end
+
+-- Median seconds per call: `warmup` calls, then `rounds` rounds of `reps`
+-- back-to-back calls, each round between two synchronizations.
+local function time_it(fn, reps, rounds, warmup)
+  for _ = 1, warmup or 2 do fn() end
+  sync()
+  local ts = {}
+  for r = 1, rounds or 5 do
+    local t0 = common.now()
+    for _ = 1, reps do fn() end
+    sync()
+    ts[r] = (common.now() - t0) / reps
+  end
+  table.sort(ts)
+  return ts[math.floor((#ts + 1) / 2)]
+end
+
+-- Enough reps for ~`target` seconds per round, from one timed call.
+local function reps_for(fn, target)
+  sync()
+  local t0 = common.now()
+  fn()
+  sync()
+  local one = math.max(common.now() - t0, 1e-6)
+  return math.max(1, math.min(200, math.floor((target or 0.05) / one)))
+end
+
+local function check(st, what) if st ~= 0 then error(what .. ": " .. ffi.string(C.tt_last_error()), 0) end end
+local function box(t) local b = ffi.new("tt_tensor*[1]"); b[0] = t._c; return b end
+
+-- ---- inputs -------------------------------------------------------------------------
+-- Random device tensors without drawing gigabytes on the host: one block of
+-- normals per (dtype, std), drawn once, tiled into each tensor by device
+-- copies (from a seed-dependent start, so operands differ).
+local CHUNK = args.smoke and 65536 or 16777216
+local blocks = {}
+local function block_for(dt, std)
+  local key = dt .. ":" .. std
+  if not blocks[key] then
+    blocks[key] = titan.keep(titan.randn({ CHUNK }, { seed = 12345, offset = 0, std = std, dtype = dt, device = DEV }))
+  end
+  return blocks[key]
+end
+
+local function rand_dev(shape, dt, seed, std)
+  local t = titan.empty(shape, { dtype = dt, device = DEV })
+  local n = t:numel()
+  local block = block_for(dt, std or 1)
+  local flat = t:view(n)
+  local off, start = 0, ((seed or 1) * 7919) % CHUNK
+  while off < n do
+    local len = math.min(CHUNK - start, n - off)
+    flat:narrow(1, off + 1, len):copy_(block:narrow(1, start + 1, len))
+    off = off + len
+    start = 0
+  end
+  return t
+end
+
+-- ---- results --------------------------------------------------------------------------
+local results = { meta = {}, gemm = {}, attention = {}, memory = {}, train = {}, errors = {} }
+
+local function json_encode(v)
+  local t = type(v)
+  if t == "nil" then return "null" end
+  if t == "boolean" then return tostring(v) end
+  if t == "number" then
+    if v ~= v or v == math.huge or v == -math.huge then return "null" end
+    return (v == math.floor(v) and math.abs(v) < 1e15) and ("%d"):format(v) or ("%.6g"):format(v)
+  end
+  if t == "string" then
+    return '"' .. v:gsub('[%c"\\]', function(c)
+      local map = { ['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\t"] = "\\t", ["\r"] = "\\r" }
+      return map[c] or ("\\u%04x"):format(c:byte())
+    end) .. '"'
+  end
+  if #v > 0 or next(v) == nil then
+    local parts = {}
+    for i = 1, #v do parts[i] = json_encode(v[i]) end
+    return "[" .. table.concat(parts, ",") .. "]"
+  end
+  local keys = {}
+  for k in pairs(v) do keys[#keys + 1] = tostring(k) end
+  table.sort(keys)
+  local parts = {}
+  for _, k in ipairs(keys) do parts[#parts + 1] = json_encode(k) .. ":" .. json_encode(v[k]) end
+  return "{" .. table.concat(parts, ",") .. "}"
+end
+
+local function save()
+  if not args.json then return end
+  local f = io.open(args.json, "w")
+  if f then
+    f:write(json_encode(results), "\n")
+    f:close()
+  end
+end
+
+-- Run one measurement: skipped when less than `need` seconds are left, its
+-- error printed (and recorded) without stopping the others.
+local function guarded(section, label, need, fn)
+  if time_left() < need then
+    print(("skipped: %s %s (%.0f s left of the budget, needs ~%.0f)"):format(section, label, time_left(), need))
+    results.errors[#results.errors + 1] = { section = section, label = label, error = "skipped: no time left" }
+    return nil
+  end
+  local ok, r = pcall(function() return titan.scope(fn) end)
+  if ON_GPU then titan.empty_cache("cuda:0") end
+  if not ok then
+    local msg = tostring(r):gsub("\n", " ")
+    print(("error: %s %s: %s"):format(section, label, msg))
+    results.errors[#results.errors + 1] = { section = section, label = label, error = msg }
+    return nil
+  end
+  save()
+  return r
+end
+
+local function f1(x) return x and ("%.1f"):format(x) or "-" end
+local function f3(x) return x and ("%.3f"):format(x) or "-" end
+
+-- ---- GEMM ----------------------------------------------------------------------------------
+local gemm_rows = {}
+-- ta/tb as the C API takes them: y = x @ W^T is (x [M,K], W [N,K], 0, 1).
+local function gemm(label, M, N, K, dt, ta, tb)
+  ta, tb = ta or 0, tb or 1
+  local est = 2 * M * N * K / 600e12 * 20 + 3
+  local r = guarded("gemm", label, ON_GPU and est or 0, function()
+    local a = rand_dev(ta == 1 and { K, M } or { M, K }, dt, 1)
+    local b = rand_dev(tb == 1 and { N, K } or { K, N }, dt, 2)
+    local out = titan.empty({ M, N }, { dtype = dt, device = DEV })
+    local oa = box(out)
+    local fn = function() check(C.tt_op_matmul(a._c, b._c, ta, tb, 1, 0, oa), "matmul") end
+    local t = time_it(fn, reps_for(fn, 0.05), 5, 2)
+    local tflops = 2 * M * N * K / t / 1e12
+    print(("  [gemm] %-26s %s %5dx%5dx%5d  %8.3f ms  %7.1f TFLOP/s"):format(label, dt, M, N, K, t * 1e3, tflops))
+    return { label = label, dtype = dt, M = M, N = N, K = K, ms = t * 1e3, tflops = tflops, ta = ta, tb = tb }
+  end)
+  if r then
+    results.gemm[#results.gemm + 1] = r
+    gemm_rows[#gemm_rows + 1] = { r.label, r.dtype, ("%dx%dx%d"):format(r.M, r.N, r.K), f3(r.ms), f1(r.tflops),
+      ("%.0f%%"):format(100 * r.tflops * 1e12 / PEAK) }
+  end
+end
+
+-- ---- attention -----------------------------------------------------------------------------
+local attn_rows = {}
+local function attention(B, T, Hq, Hkv, D, dt)
+  local label = ("B%d T%d Hq%d Hkv%d D%d"):format(B, T, Hq, Hkv, D)
+  local fwd_flops = 4 * B * Hq * T * T * D / 2
+  local r = guarded("attention", label, ON_GPU and fwd_flops * 3.5 / 300e12 * 25 + 5 or 0, function()
+    local q = rand_dev({ B, T, Hq, D }, dt, 1)
+    local k = rand_dev({ B, T, Hkv, D }, dt, 2)
+    local v = rand_dev({ B, T, Hkv, D }, dt, 3)
+    local dout = rand_dev({ B, T, Hq, D }, dt, 4)
+    local sdt = dt == "float64" and "float64" or "float32"
+    local o, lse = titan.empty({ B, T, Hq, D }, { dtype = dt, device = DEV }), titan.empty({ B, Hq, T }, { dtype = sdt, device = DEV })
+    local dq = titan.empty({ B, T, Hq, D }, { dtype = dt, device = DEV })
+    local dk, dv = titan.empty({ B, T, Hkv, D }, { dtype = dt, device = DEV }), titan.empty({ B, T, Hkv, D }, { dtype = dt, device = DEV })
+    local bo, bl, bq, bk, bv = box(o), box(lse), box(dq), box(dk), box(dv)
+    local scale = 1 / math.sqrt(D)
+    local fwd = function() check(C.tt_op_attention(q._c, k._c, v._c, 1, scale, bo, bl), "attention") end
+    local bwd = function()
+      check(C.tt_op_attention_backward(q._c, k._c, v._c, o._c, lse._c, dout._c, 1, scale, bq, bk, bv), "attention backward")
+    end
+    local both = function() fwd(); bwd() end
+    local tf = time_it(fwd, reps_for(fwd, 0.05), 5, 2)
+    local tb = time_it(bwd, reps_for(bwd, 0.05), 5, 2)
+    local tfb = time_it(both, reps_for(both, 0.05), 5, 1)
+    local res = { label = label, dtype = dt, B = B, T = T, Hq = Hq, Hkv = Hkv, D = D, fwd_ms = tf * 1e3, bwd_ms = tb * 1e3,
+      fwd_bwd_ms = tfb * 1e3, fwd_tflops = fwd_flops / tf / 1e12, bwd_tflops = 2.5 * fwd_flops / tb / 1e12,
+      fwd_bwd_tflops = 3.5 * fwd_flops / tfb / 1e12 }
+    print(("  [attention] %s %s: fwd %.1f, bwd %.1f, fwd+bwd %.1f TFLOP/s"):format(label, dt, res.fwd_tflops,
+      res.bwd_tflops, res.fwd_bwd_tflops))
+    return res
+  end)
+  if r then
+    results.attention[#results.attention + 1] = r
+    attn_rows[#attn_rows + 1] = { r.label, r.dtype, f3(r.fwd_ms), f1(r.fwd_tflops), f3(r.bwd_ms), f1(r.bwd_tflops),
+      f3(r.fwd_bwd_ms), f1(r.fwd_bwd_tflops) }
+  end
+end
+
+-- ---- memory-bound kernels --------------------------------------------------------------------
+local mem_rows = {}
+local function mem_row(r)
+  results.memory[#results.memory + 1] = r
+  mem_rows[#mem_rows + 1] = { r.kernel, r.dtype, r.shape, f3(r.ms), f1(r.gbps) }
+  print(("  [memory] %-18s %-9s %-12s %8.3f ms  %7.1f GB/s"):format(r.kernel, r.dtype, r.shape, r.ms, r.gbps))
+end
+
+local function esize(dt) return tonumber(C.tt_dtype_size(require("titan.tensor").dtype_of(dt))) end
+
+local function copy_bench(n, dt)
+  guarded("memory", "copy", ON_GPU and 5 or 0, function()
+    local a = rand_dev({ n }, dt, 1)
+    local b = titan.empty({ n }, { dtype = dt, device = DEV })
+    local fn = function() check(C.tt_tensor_copy(b._c, a._c), "copy") end
+    local t = time_it(fn, reps_for(fn, 0.05), 5, 2)
+    mem_row({ kernel = "device copy", dtype = dt, shape = tostring(n), ms = t * 1e3, gbps = 2 * n * esize(dt) / t / 1e9 })
+  end)
+end
+
+local function rmsnorm_bench(rows, dim, dt)
+  guarded("memory", "rmsnorm " .. dt, ON_GPU and 8 or 0, function()
+    local x = rand_dev({ rows, dim }, dt, 1)
+    local w = rand_dev({ dim }, dt, 2, 0.1)
+    local dy = rand_dev({ rows, dim }, dt, 3)
+    local sdt = dt == "float64" and "float64" or "float32"
+    local y, rstd = titan.empty({ rows, dim }, { dtype = dt, device = DEV }), titan.empty({ rows }, { dtype = sdt, device = DEV })
+    local dx, dw = titan.empty({ rows, dim }, { dtype = dt, device = DEV }), titan.zeros({ dim }, { dtype = dt, device = DEV })
+    local by, br, bdx = box(y), box(rstd), box(dx)
+    local fwd = function() check(C.tt_op_rmsnorm(x._c, w._c, 1e-5, by, br), "rmsnorm") end
+    local bwd = function() check(C.tt_op_rmsnorm_backward(x._c, w._c, rstd._c, dy._c, bdx, dw._c), "rmsnorm backward") end
+    local tf = time_it(fwd, reps_for(fwd, 0.05), 5, 2)
+    local tb = time_it(bwd, reps_for(bwd, 0.05), 5, 2)
+    local bytes = rows * dim * esize(dt)
+    local shape = ("%dx%d"):format(rows, dim)
+    mem_row({ kernel = "rmsnorm fwd", dtype = dt, shape = shape, ms = tf * 1e3, gbps = 2 * bytes / tf / 1e9 }) -- x, y
+    mem_row({ kernel = "rmsnorm bwd", dtype = dt, shape = shape, ms = tb * 1e3, gbps = 3 * bytes / tb / 1e9 }) -- x, dy, dx
+  end)
+end
+
+local function adamw_bench(n, pdt, gdt, master)
+  local label = ("adamw %s%s"):format(pdt, master and "+master" or "")
+  guarded("memory", label, ON_GPU and 8 or 0, function()
+    local p = rand_dev({ n }, pdt, 1, 0.02)
+    local g = rand_dev({ n }, gdt, 2, 0.001)
+    local m, v = titan.zeros({ n }, { device = DEV }), titan.zeros({ n }, { device = DEV })
+    local ms = master and p:to("float32") or nil
+    local step = 0
+    local fn = function()
+      step = step + 1
+      check(C.tt_op_adamw(p._c, g._c, m._c, v._c, ms and ms._c or nil, 1e-4, 0.9, 0.95, 1e-8, 0.1, step), "adamw")
+    end
+    local t = time_it(fn, reps_for(fn, 0.05), 5, 2)
+    -- read p, g, m, v (+ master); write p, m, v (+ master)
+    local bytes = n * (2 * esize(pdt) + esize(gdt) + 16 + (master and 8 or 0))
+    mem_row({ kernel = label, dtype = pdt .. "/" .. gdt, shape = tostring(n), ms = t * 1e3, gbps = bytes / t / 1e9 })
+  end)
+end
+
+-- ---- training ----------------------------------------------------------------------------------
+local train_rows = {}
+
+-- Cheap realistic weights: std 0.02 (the embedding std 1), norms 1, tiled from device blocks.
+local function fast_init(model)
+  titan.no_grad(function()
+    for _, np in ipairs(model:named_parameters()) do
+      local name, p = np[1], np[2]
+      if name:match("norm%.weight$") then
+        p:fill_(1)
+      else
+        local src = rand_dev(p:shape(), p:dtype(), #name, name:match("^tok_embeddings") and 1 or 0.02)
+        p:copy_(src)
+        src:free()
+      end
+    end
+  end)
+end
+
+local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need)
+  for _, dt in ipairs(dtypes) do
+    local r = guarded("train", label .. " " .. dt, need, function()
+      local t0 = common.now()
+      local model = llama3.build(flavor, { device = "meta", dtype = dt })
+      model:to_empty(DEV)
+      if args.real_init then llama3.init_weights(model, 0) else fast_init(model) end
+      sync()
+      local build_s = common.now() - t0
+      local V = model.args.vocab_size
+      local flops_per_token, nparams = llama3.flops_per_token(model, T)
+      local opt = optim.AdamW(model:named_parameters(), { lr = 1e-4, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 })
+      local params = model:parameters()
+      local u = titan.rand({ B, T + 1 }, { seed = 7, offset = 0, dtype = "float64" })
+      u:mul_(V)
+      local ids = u:to("int64")
+      local x = ids:narrow(2, 1, T):contiguous():to(DEV)
+      local y = ids:narrow(2, 2, T):contiguous():to(DEV)
+      local stats_dev = ON_GPU and "cuda:0" or "cpu"
+      local last_loss
+      local function step()
+        last_loss = titan.scope(function()
+          local logits = model(x)
+          local loss = F.cross_entropy(logits:reshape(-1, V), y:reshape(-1))
+          loss:backward()
+          return loss:item()
+        end)
+        optim.clip_grad_norm(params, 1.0)
+        opt:step()
+        opt:zero_grad()
+      end
+      local ts = {}
+      for i = 1, warmup + steps do
+        local s0 = common.now()
+        step()
+        sync()
+        if i > warmup then ts[#ts + 1] = common.now() - s0 end
+        if i == warmup then titan.reset_peak_memory(stats_dev) end
+      end
+      table.sort(ts)
+      local t = ts[math.floor((#ts + 1) / 2)]
+      local peak = titan.memory_stats(stats_dev).peak_allocated
+      local tps = B * T / t
+      for _, st in pairs(opt.state) do
+        st.exp_avg:free()
+        st.exp_avg_sq:free()
+        if st.master then st.master:free() end
+      end
+      if model._rope then model._rope.cos:free(); model._rope.sin:free() end
+      model:free()
+      local res = { model = label, dtype = dt, B = B, T = T, step_ms = t * 1e3, tokens_per_s = tps,
+        mfu = tps * flops_per_token / PEAK, flops_per_token = flops_per_token, params = nparams,
+        peak_gib = peak / 2 ^ 30, build_s = build_s, last_loss = last_loss, steps = steps,
+        init = args.real_init and "seeded" or "tiled" }
+      print(("  [train] %s %s B%d T%d: %.1f ms/step, %.0f tokens/s, MFU %.1f%%, peak %.1f GiB (built in %.1f s, loss %.3f)")
+        :format(label, dt, B, T, res.step_ms, tps, 100 * res.mfu, res.peak_gib, build_s, last_loss))
+      return res
+    end)
+    if r then
+      results.train[#results.train + 1] = r
+      train_rows[#train_rows + 1] = { r.model, r.dtype, ("%dx%d"):format(r.B, r.T), f1(r.step_ms),
+        ("%.0f"):format(r.tokens_per_s), ("%.1f%%"):format(100 * r.mfu), f1(r.peak_gib) }
+      return r -- the first dtype that works
+    end
+  end
+end
+
+-- ---- the run ---------------------------------------------------------------------------------
+results.meta = { titan = titan.version(), device = DEV, sync = sync_how, peak_flops = PEAK, budget_s = args.budget,
+  quick = args.quick, smoke = args.smoke, date = os.date("!%Y-%m-%dT%H:%M:%SZ") }
+print(("titan %s | bench/gpu.lua | device %s | sync: %s | budget %s s%s"):format(titan.version(), DEV, sync_how,
+  tostring(args.budget), args.quick and " | quick" or ""))
+
+local S = args.smoke -- tiny shapes (CPU smoke test of this script)
+local BF = ON_GPU and "bfloat16" or "float32"
+
+-- Headline figures first (the targets), then the rest, so a short budget keeps what matters.
+if S then gemm("square", 64, 64, 64, BF) else gemm("square 8192^3", 8192, 8192, 8192, BF) end
+if S then attention(1, 64, 4, 2, 32, BF) else attention(1, 8192, 32, 8, 128, BF) end
+if S then
+  copy_bench(65536, "float32")
+  rmsnorm_bench(64, 128, BF)
+  adamw_bench(65536, "float32", "float32", false)
+else
+  copy_bench(268435456, "float32")
+  rmsnorm_bench(32768, 4096, "bfloat16")
+  rmsnorm_bench(16384, 4096, "float32")
+  adamw_bench(268435456, "float32", "float32", false)
+  adamw_bench(268435456, "bfloat16", "bfloat16", true)
+end
+if S then
+  train_bench("tiny", { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 256, multiple_of = 32,
+    max_seq_len = 64 }, 2, 32, { BF }, 2, 1, 0)
+else
+  train_bench("llama3 1B", "1B", 1, 8192, { "bfloat16", "float32" }, 5, 2, 45)
+  train_bench("llama3 debugmodel", "debugmodel", 16, 2048, { "bfloat16", "float32" }, 10, 3, 15)
+end
+if not S then
+  -- Llama 3 8B's linear layers at 8192 tokens: y = x @ W^T (fwd), and the
+  -- two backward products of one of them (dgrad: dY @ W, wgrad: dY^T @ X).
+  gemm("8B wq/wo 4096->4096", 8192, 4096, 4096, "bfloat16")
+  gemm("8B wk/wv 4096->1024", 8192, 1024, 4096, "bfloat16")
+  gemm("8B w1/w3 4096->14336", 8192, 14336, 4096, "bfloat16")
+  gemm("8B w2 14336->4096", 8192, 4096, 14336, "bfloat16")
+  gemm("8B output 4096->128256", 8192, 128256, 4096, "bfloat16")
+  if not args.quick then
+    gemm("8B w1 dgrad (dY @ W)", 8192, 4096, 14336, "bfloat16", 0, 0)
+    gemm("8B w1 wgrad (dY^T @ X)", 14336, 4096, 8192, "bfloat16", 1, 0)
+    gemm("square 8192^3 fp16", 8192, 8192, 8192, "float16")
+    gemm("square 4096^3 fp32 (no TF32)", 4096, 4096, 4096, "float32")
+    attention(4, 2048, 32, 8, 128, "bfloat16")
+    attention(1, 8192, 32, 8, 128, "float16")
+  end
+end
+
+-- ---- tables --------------------------------------------------------------------------------
+print()
+print(("## GEMM: y = x @ W^T (cuBLASLt through tt_op_matmul, preallocated output); peak %.0f TFLOP/s dense bf16; "
+  .. "target >= 700 TFLOP/s at 8192^3"):format(PEAK / 1e12))
+common.print_table({ "shape", "dtype", "MxNxK", "ms", "TFLOP/s", "of peak" }, gemm_rows)
+print()
+print("## Attention, causal (FLOPs fwd = 4*B*H*T^2*D/2, bwd = 2.5 x fwd); target >= 450 TFLOP/s fwd+bwd at T = 8192")
+common.print_table({ "shape", "dtype", "fwd ms", "fwd TFLOP/s", "bwd ms", "bwd TFLOP/s", "fwd+bwd ms", "fwd+bwd TFLOP/s" },
+  attn_rows)
+print()
+print("## Memory-bound kernels: GB/s of the bytes each must move (device copy: read + write, the ceiling); "
+  .. "target >= 3000 GB/s")
+common.print_table({ "kernel", "dtype", "elements", "ms", "GB/s" }, mem_rows)
+print()
+print(("## Training on one GPU: AdamW, clip 1.0, random tokens; MFU = tokens/s x (6N + 12LHQT) / %.0f TFLOP/s; "
+  .. "target 1B >= 50%% MFU"):format(PEAK / 1e12))
+common.print_table({ "model", "dtype", "B x T", "step ms", "tokens/s", "MFU", "peak GiB" }, train_rows)
+if #results.errors > 0 then
+  print()
+  print(("note: %d measurement(s) failed or were skipped (error:/skipped: lines above)"):format(#results.errors))
+end
+results.meta.elapsed_s = elapsed()
+save()

@@ -1,0 +1,311 @@
+/*
+ * index.cu — index_select, gather, index_add and scatter_add over tensors
+ * viewed as contiguous [outer, n, inner] (see kernels.h); idx is i64.
+ *
+ * Select and gather move bytes, so they take any dtype by element size;
+ * index_select copies whole rows in the widest unit (up to 16 bytes) that
+ * the row length and the pointers allow. Indices are not range-checked by
+ * the engine on this device, so an index outside [0, n) reads as zero here
+ * (and is skipped by the adds) instead of touching memory it does not own.
+ *
+ * The adds (f32, f64, i32 and i64 wrapping, bf16/f16 through f32 with one
+ * rounding per add) are deterministic without atomics, as on the CPU: a
+ * thread owns a destination column c of one outer slice and a range of
+ * destination rows outright, walks j = 0..n_idx-1 in order and applies only
+ * the contributions that land in its range. Every destination element so
+ * receives its contributions in increasing j: the serial loop's exact bits,
+ * identical to the CPU reference. Consecutive hits on one row are summed in
+ * a register (the same additions, in the same order). The row ranges (R of
+ * them, a function of the shape) exist only to give enough threads when the
+ * destination has few columns; each range rescans the index list.
+ */
+#include "kernel_util.cuh"
+
+static int tt_index_esize(int dtype) {
+  switch (dtype) {
+    case TT_F64: case TT_I64: return 8;
+    case TT_F32: case TT_I32: return 4;
+    case TT_BF16: case TT_F16: return 2;
+    case TT_U8: case TT_BOOL: case TT_F8E4M3: case TT_F8E5M2: return 1;
+    default: return 0;
+  }
+}
+
+/* ---- index_select: out[o, j, :] = src[o, idx[j], :] ------------------------- */
+
+/* upr units of U per row; unit u of the output is row u / upr. */
+template <typename U, typename Idx>
+__global__ void tt_index_select_kernel(Idx rows, Idx upr, int64_t n_src, int64_t n_idx, const U *__restrict__ src,
+                                       const int64_t *__restrict__ idx, U *__restrict__ out) {
+  const Idx total = rows * upr;
+  for (Idx u = (Idx)blockIdx.x * blockDim.x + threadIdx.x; u < total; u += (Idx)gridDim.x * blockDim.x) {
+    Idx r = u / upr, c = u - r * upr;
+    int64_t o = (int64_t)r / n_idx, j = (int64_t)r - o * n_idx;
+    int64_t id = idx[j];
+    out[u] = id >= 0 && id < n_src ? src[(o * n_src + id) * (int64_t)upr + (int64_t)c] : U();
+  }
+}
+
+template <typename U>
+static void tt_index_select_go(int64_t rows, int64_t upr, int64_t n_src, int64_t n_idx, const void *src,
+                               const int64_t *idx, void *out, cudaStream_t s) {
+  int64_t total = rows * upr;
+  if (total <= INT32_MAX)
+    tt_index_select_kernel<U, uint32_t><<<tt_cuda_blocks(total), TT_CUDA_THREADS, 0, s>>>(
+        (uint32_t)rows, (uint32_t)upr, n_src, n_idx, (const U *)src, idx, (U *)out);
+  else
+    tt_index_select_kernel<U, int64_t><<<tt_cuda_blocks(total), TT_CUDA_THREADS, 0, s>>>(rows, upr, n_src, n_idx,
+                                                                                        (const U *)src, idx, (U *)out);
+}
+
+/* Shared with embed.cu (the lookup is a select with outer 1). */
+tt_status tt_cuda_select_rows(int esz, int64_t outer, int64_t n_src, int64_t inner, const void *src, int64_t n_idx,
+                              const int64_t *idx, void *out) {
+  int64_t rows = outer * n_idx;
+  if (rows <= 0 || inner <= 0) return TT_OK;
+  int device;
+  cudaStream_t s;
+  tt_status st = tt_cuda_current(&device, &s);
+  if (st != TT_OK) return st;
+  int64_t row_bytes = inner * esz;
+  uintptr_t al = (uintptr_t)src | (uintptr_t)out | (uintptr_t)row_bytes;
+  if ((al & 15) == 0) tt_index_select_go<uint4>(rows, row_bytes / 16, n_src, n_idx, src, idx, out, s);
+  else if ((al & 7) == 0) tt_index_select_go<uint2>(rows, row_bytes / 8, n_src, n_idx, src, idx, out, s);
+  else if ((al & 3) == 0) tt_index_select_go<uint32_t>(rows, row_bytes / 4, n_src, n_idx, src, idx, out, s);
+  else if ((al & 1) == 0) tt_index_select_go<uint16_t>(rows, row_bytes / 2, n_src, n_idx, src, idx, out, s);
+  else tt_index_select_go<uint8_t>(rows, row_bytes, n_src, n_idx, src, idx, out, s);
+  TT_CUDA_CHECK_LAUNCH("tt_index_select_kernel");
+  return TT_OK;
+}
+
+extern "C" tt_status tt_cuda_index_select(int dtype, int64_t outer, int64_t n_src, int64_t inner, const void *src,
+                                          int64_t n_idx, const int64_t *idx, void *out) {
+  int esz = tt_index_esize(dtype);
+  if (!esz) return tt_error_set(TT_ERR_DTYPE, "cuda index_select: dtype %d not supported", dtype);
+  return tt_cuda_select_rows(esz, outer, n_src, inner, src, n_idx, idx, out);
+}
+
+/* ---- gather: out[o, j, i] = src[o, idx[o, j, i], i] -------------------------- */
+
+template <typename T>
+__global__ void tt_gather_kernel(int64_t total, int64_t n_src, int64_t inner, int64_t n_idx, const T *__restrict__ src,
+                                 const int64_t *__restrict__ idx, T *__restrict__ out) {
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = e / inner, i = e - r * inner, o = r / n_idx;
+    int64_t id = idx[e];
+    out[e] = id >= 0 && id < n_src ? src[(o * n_src + id) * inner + i] : (T)0;
+  }
+}
+
+extern "C" tt_status tt_cuda_gather(int dtype, int64_t outer, int64_t n_src, int64_t inner, const void *src,
+                                    int64_t n_idx, const int64_t *idx, void *out) {
+  int esz = tt_index_esize(dtype);
+  if (!esz) return tt_error_set(TT_ERR_DTYPE, "cuda gather: dtype %d not supported", dtype);
+  int64_t total = outer * n_idx * inner;
+  if (outer <= 0 || n_idx <= 0 || inner <= 0) return TT_OK;
+  int device;
+  cudaStream_t s;
+  tt_status st = tt_cuda_current(&device, &s);
+  if (st != TT_OK) return st;
+  unsigned int g = tt_cuda_blocks(total);
+  switch (esz) {
+    case 8: tt_gather_kernel<uint64_t><<<g, TT_CUDA_THREADS, 0, s>>>(total, n_src, inner, n_idx, (const uint64_t *)src, idx, (uint64_t *)out); break;
+    case 4: tt_gather_kernel<uint32_t><<<g, TT_CUDA_THREADS, 0, s>>>(total, n_src, inner, n_idx, (const uint32_t *)src, idx, (uint32_t *)out); break;
+    case 2: tt_gather_kernel<uint16_t><<<g, TT_CUDA_THREADS, 0, s>>>(total, n_src, inner, n_idx, (const uint16_t *)src, idx, (uint16_t *)out); break;
+    default: tt_gather_kernel<uint8_t><<<g, TT_CUDA_THREADS, 0, s>>>(total, n_src, inner, n_idx, (const uint8_t *)src, idx, (uint8_t *)out); break;
+  }
+  TT_CUDA_CHECK_LAUNCH("tt_gather_kernel");
+  return TT_OK;
+}
+
+/* ---- the adds -------------------------------------------------------------------- */
+
+/* Running value A of one destination element: load, add one source element,
+ * store. Integers wrap (through unsigned); bf16/f16 round after every add,
+ * as an element-by-element loop in that dtype does. */
+template <int DT> struct tt_acc;
+template <> struct tt_acc<TT_F32> {
+  typedef float S;
+  typedef float A;
+  static __device__ __forceinline__ A load(S d) { return d; }
+  static __device__ __forceinline__ A add(A a, S s) { return __fadd_rn(a, s); }
+  static __device__ __forceinline__ S store(A a) { return a; }
+};
+template <> struct tt_acc<TT_F64> {
+  typedef double S;
+  typedef double A;
+  static __device__ __forceinline__ A load(S d) { return d; }
+  static __device__ __forceinline__ A add(A a, S s) { return __dadd_rn(a, s); }
+  static __device__ __forceinline__ S store(A a) { return a; }
+};
+template <> struct tt_acc<TT_I32> {
+  typedef int32_t S;
+  typedef uint32_t A;
+  static __device__ __forceinline__ A load(S d) { return (uint32_t)d; }
+  static __device__ __forceinline__ A add(A a, S s) { return a + (uint32_t)s; }
+  static __device__ __forceinline__ S store(A a) { return (int32_t)a; }
+};
+template <> struct tt_acc<TT_I64> {
+  typedef int64_t S;
+  typedef uint64_t A;
+  static __device__ __forceinline__ A load(S d) { return (uint64_t)d; }
+  static __device__ __forceinline__ A add(A a, S s) { return a + (uint64_t)s; }
+  static __device__ __forceinline__ S store(A a) { return (int64_t)a; }
+};
+template <> struct tt_acc<TT_BF16> { /* A is always a bf16 value held in f32 */
+  typedef uint16_t S;
+  typedef float A;
+  static __device__ __forceinline__ A load(S d) { return tt_d_bf16_to_f32(d); }
+  static __device__ __forceinline__ A add(A a, S s) {
+    return tt_d_bf16_to_f32(tt_d_f32_to_bf16(__fadd_rn(a, tt_d_bf16_to_f32(s))));
+  }
+  static __device__ __forceinline__ S store(A a) { return tt_d_f32_to_bf16(a); }
+};
+template <> struct tt_acc<TT_F16> {
+  typedef uint16_t S;
+  typedef float A;
+  static __device__ __forceinline__ A load(S d) { return tt_d_f16_to_f32(d); }
+  static __device__ __forceinline__ A add(A a, S s) {
+    return tt_d_f16_to_f32(tt_d_f32_to_f16(__fadd_rn(a, tt_d_f16_to_f32(s))));
+  }
+  static __device__ __forceinline__ S store(A a) { return tt_d_f32_to_f16(a); }
+};
+
+/* Ids staged in shared memory per block, CHUNK at a time. */
+#define TT_ADD_CHUNK 1024
+
+/* index_add: worker w = ((o * R + k) * inner + c) owns dst[o, r0:r1, c] for
+ * the k-th of R row ranges. The whole block walks the loop over w together
+ * (it shares the staged ids), so the bound is block-uniform. */
+template <int DT>
+__global__ void tt_index_add_kernel(int64_t outer, int64_t n_dst, int64_t inner, int64_t R,
+                                    typename tt_acc<DT>::S *__restrict__ dst, int64_t n_idx,
+                                    const int64_t *__restrict__ idx, const typename tt_acc<DT>::S *__restrict__ src) {
+  typedef tt_acc<DT> Op;
+  __shared__ int64_t sid[TT_ADD_CHUNK];
+  const int64_t W = outer * R * inner;
+  for (int64_t base = (int64_t)blockIdx.x * blockDim.x; base < W; base += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t w = base + threadIdx.x;
+    const bool active = w < W;
+    int64_t c = 0, o = 0, r0 = 0, r1 = 0;
+    if (active) {
+      c = w % inner;
+      int64_t q = w / inner, k = q % R;
+      o = q / R;
+      r0 = k * n_dst / R;
+      r1 = (k + 1) * n_dst / R;
+    }
+    typename tt_acc<DT>::S *dcol = dst + o * n_dst * inner + c;
+    const typename tt_acc<DT>::S *scol = src + o * n_idx * inner + c;
+    int64_t cur = -1;
+    typename Op::A val = 0;
+    for (int64_t j0 = 0; j0 < n_idx; j0 += TT_ADD_CHUNK) {
+      int cnt = n_idx - j0 < TT_ADD_CHUNK ? (int)(n_idx - j0) : TT_ADD_CHUNK;
+      __syncthreads(); /* the previous chunk is consumed */
+      for (int t = threadIdx.x; t < cnt; t += blockDim.x) sid[t] = idx[j0 + t];
+      __syncthreads();
+      if (!active) continue;
+      for (int t = 0; t < cnt; t++) {
+        int64_t r = sid[t];
+        if (r < r0 || r >= r1) continue;
+        if (r != cur) {
+          if (cur >= 0) dcol[cur * inner] = Op::store(val);
+          cur = r;
+          val = Op::load(dcol[r * inner]);
+        }
+        val = Op::add(val, scol[(j0 + t) * inner]);
+      }
+    }
+    if (active && cur >= 0) dcol[cur * inner] = Op::store(val);
+  }
+}
+
+/* scatter_add: column c of slice o only touches column c of dst slice o, so
+ * worker w = ((o * R + k) * inner + c) walks that column's indices in order. */
+template <int DT>
+__global__ void tt_scatter_add_kernel(int64_t outer, int64_t n_dst, int64_t inner, int64_t R,
+                                      typename tt_acc<DT>::S *__restrict__ dst, int64_t n_idx,
+                                      const int64_t *__restrict__ idx, const typename tt_acc<DT>::S *__restrict__ src) {
+  typedef tt_acc<DT> Op;
+  const int64_t W = outer * R * inner;
+  for (int64_t w = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; w < W; w += (int64_t)gridDim.x * blockDim.x) {
+    int64_t c = w % inner, q = w / inner, k = q % R, o = q / R;
+    int64_t r0 = k * n_dst / R, r1 = (k + 1) * n_dst / R;
+    typename tt_acc<DT>::S *dcol = dst + o * n_dst * inner + c;
+    const typename tt_acc<DT>::S *scol = src + o * n_idx * inner + c;
+    const int64_t *icol = idx + o * n_idx * inner + c;
+    int64_t cur = -1;
+    typename Op::A val = 0;
+    for (int64_t j = 0; j < n_idx; j++) {
+      int64_t r = icol[j * inner];
+      if (r < r0 || r >= r1) continue;
+      if (r != cur) {
+        if (cur >= 0) dcol[cur * inner] = Op::store(val);
+        cur = r;
+        val = Op::load(dcol[r * inner]);
+      }
+      val = Op::add(val, scol[j * inner]);
+    }
+    if (cur >= 0) dcol[cur * inner] = Op::store(val);
+  }
+}
+
+/* Row ranges: enough workers to fill the GPU when columns alone do not
+ * (a function of the shape only; results never depend on it anyway). */
+static int64_t tt_add_ranges(int64_t outer, int64_t inner, int64_t n_dst, int64_t n_idx, int64_t cap) {
+  const int64_t want = 65536;
+  int64_t cols = outer * inner, R = 1;
+  if (cols < want) R = (want + cols - 1) / cols;
+  if (R > cap) R = cap;
+  if (R > n_dst) R = n_dst;
+  if (R > n_idx) R = n_idx; /* more ranges than contributions only rescans */
+  return R < 1 ? 1 : R;
+}
+
+template <int DT>
+static tt_status tt_add_launch(int scatter, int64_t outer, int64_t n_dst, int64_t inner, void *dst, int64_t n_idx,
+                               const int64_t *idx, const void *src) {
+  typedef typename tt_acc<DT>::S S;
+  int device;
+  cudaStream_t s;
+  tt_status st = tt_cuda_current(&device, &s);
+  if (st != TT_OK) return st;
+  if (scatter) {
+    int64_t R = tt_add_ranges(outer, inner, n_dst, n_idx, 64);
+    tt_scatter_add_kernel<DT><<<tt_cuda_blocks(outer * R * inner), TT_CUDA_THREADS, 0, s>>>(
+        outer, n_dst, inner, R, (S *)dst, n_idx, idx, (const S *)src);
+    TT_CUDA_CHECK_LAUNCH("tt_scatter_add_kernel");
+  } else {
+    int64_t R = tt_add_ranges(outer, inner, n_dst, n_idx, 1024);
+    tt_index_add_kernel<DT><<<tt_cuda_blocks(outer * R * inner), TT_CUDA_THREADS, 0, s>>>(
+        outer, n_dst, inner, R, (S *)dst, n_idx, idx, (const S *)src);
+    TT_CUDA_CHECK_LAUNCH("tt_index_add_kernel");
+  }
+  return TT_OK;
+}
+
+/* Shared with embed.cu (the embedding gradient is an index_add with outer 1). */
+tt_status tt_cuda_add_rows(const char *name, int scatter, int dtype, int64_t outer, int64_t n_dst, int64_t inner,
+                           void *dst, int64_t n_idx, const int64_t *idx, const void *src) {
+  if (dtype != TT_F32 && dtype != TT_F64 && dtype != TT_BF16 && dtype != TT_F16 && dtype != TT_I32 && dtype != TT_I64)
+    return tt_error_set(TT_ERR_DTYPE, "cuda %s: dtype %d not supported (f32, f64, bf16, f16, i32, i64)", name, dtype);
+  if (outer <= 0 || inner <= 0 || n_idx <= 0 || n_dst <= 0) return TT_OK;
+  switch (dtype) {
+    case TT_F32: return tt_add_launch<TT_F32>(scatter, outer, n_dst, inner, dst, n_idx, idx, src);
+    case TT_F64: return tt_add_launch<TT_F64>(scatter, outer, n_dst, inner, dst, n_idx, idx, src);
+    case TT_BF16: return tt_add_launch<TT_BF16>(scatter, outer, n_dst, inner, dst, n_idx, idx, src);
+    case TT_F16: return tt_add_launch<TT_F16>(scatter, outer, n_dst, inner, dst, n_idx, idx, src);
+    case TT_I32: return tt_add_launch<TT_I32>(scatter, outer, n_dst, inner, dst, n_idx, idx, src);
+    default: return tt_add_launch<TT_I64>(scatter, outer, n_dst, inner, dst, n_idx, idx, src);
+  }
+}
+
+extern "C" tt_status tt_cuda_index_add(int dtype, int64_t outer, int64_t n_dst, int64_t inner, void *dst,
+                                       int64_t n_idx, const int64_t *idx, const void *src) {
+  return tt_cuda_add_rows("index_add", 0, dtype, outer, n_dst, inner, dst, n_idx, idx, src);
+}
+
+extern "C" tt_status tt_cuda_scatter_add(int dtype, int64_t outer, int64_t n_dst, int64_t inner, void *dst,
+                                         int64_t n_idx, const int64_t *idx, const void *src) {
+  return tt_cuda_add_rows("scatter_add", 1, dtype, outer, n_dst, inner, dst, n_idx, idx, src);
+}

@@ -1,0 +1,235 @@
+/*
+ * kernel_util.cuh — what the fused CUDA kernels share: per-dtype load/store
+ * traits, 16-byte chunk loads, unfused arithmetic, deterministic group
+ * reductions and the CPU backend's exp functions ported bit for bit.
+ *
+ * Chunks. A row of n elements is cut into chunks of V = 16 / sizeof(elem)
+ * elements counted from the row's first element; lane l of a group of G
+ * threads takes chunks l, l + G, ... and walks each chunk in index order.
+ * A chunk is read with one 128-bit load when the row starts 16-byte aligned
+ * (then every full chunk is aligned) and element by element otherwise, so
+ * the same lane sums the same elements in the same order either way: a
+ * reduction's bits never depend on where the tensor happens to sit.
+ *
+ * Arithmetic. nvcc contracts a*b+c into an FMA by default while the CPU
+ * reference is built with -ffp-contract=off; the tt_mul/tt_add/... helpers
+ * (the _rn intrinsics, which are never contracted) keep the CPU's rounding
+ * where a kernel promises to match it operation by operation. An FMA is
+ * written as fmaf()/fma() where the CPU writes one.
+ *
+ * Reductions. Warp butterflies and a fixed sequential pass over the warp
+ * partials: the order is a function of the group size alone, never of
+ * timing, and no kernel of this backend uses a floating-point atomic.
+ */
+#ifndef TT_KERNELS_CUDA_KERNEL_UTIL_CUH
+#define TT_KERNELS_CUDA_KERNEL_UTIL_CUH
+
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda_common.h"
+#include "dtype.cuh"
+
+/* ---- dtype traits: storage S, compute C (f32 for every 16-bit float) ---- */
+
+template <int DT> struct tt_ft;
+template <> struct tt_ft<TT_F32> {
+  typedef float S;
+  typedef float C;
+  static __device__ __forceinline__ float ld(float v) { return v; }
+  static __device__ __forceinline__ float st(float v) { return v; }
+};
+template <> struct tt_ft<TT_F64> {
+  typedef double S;
+  typedef double C;
+  static __device__ __forceinline__ double ld(double v) { return v; }
+  static __device__ __forceinline__ double st(double v) { return v; }
+};
+template <> struct tt_ft<TT_BF16> {
+  typedef uint16_t S;
+  typedef float C;
+  static __device__ __forceinline__ float ld(uint16_t v) { return tt_d_bf16_to_f32(v); }
+  static __device__ __forceinline__ uint16_t st(float v) { return tt_d_f32_to_bf16(v); }
+};
+template <> struct tt_ft<TT_F16> {
+  typedef uint16_t S;
+  typedef float C;
+  static __device__ __forceinline__ float ld(uint16_t v) { return tt_d_f16_to_f32(v); }
+  static __device__ __forceinline__ uint16_t st(float v) { return tt_d_f32_to_f16(v); }
+};
+
+/* Calls FN<DT>(args...) for the float dtypes; falls through otherwise. */
+#define TT_FLOAT_DISPATCH(dtype, FN, ...)                              \
+  switch (dtype) {                                                     \
+    case TT_F32: return FN<TT_F32>(__VA_ARGS__);                       \
+    case TT_F64: return FN<TT_F64>(__VA_ARGS__);                       \
+    case TT_BF16: return FN<TT_BF16>(__VA_ARGS__);                     \
+    case TT_F16: return FN<TT_F16>(__VA_ARGS__);                       \
+    default: break;                                                    \
+  }
+
+static inline size_t tt_cuda_float_size(int dtype) {
+  return dtype == TT_F64 ? 8 : dtype == TT_F32 ? 4 : 2;
+}
+
+/* ---- 16-byte chunks ----------------------------------------------------- */
+
+template <typename S> struct alignas(16) tt_pack {
+  S v[16 / sizeof(S)];
+};
+
+__host__ __device__ __forceinline__ bool tt_al16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* Elements [e, e + cnt) of p (cnt <= V), converted; lanes past cnt get 0. */
+template <int DT>
+__device__ __forceinline__ void tt_ld_chunk(const typename tt_ft<DT>::S *p, int64_t e, int64_t cnt, bool vec,
+                                            typename tt_ft<DT>::C *out) {
+  typedef typename tt_ft<DT>::S S;
+  typedef typename tt_ft<DT>::C C;
+  constexpr int V = 16 / sizeof(S);
+  if (vec && cnt == V) {
+    tt_pack<S> pk = *reinterpret_cast<const tt_pack<S> *>(p + e);
+#pragma unroll
+    for (int k = 0; k < V; k++) out[k] = tt_ft<DT>::ld(pk.v[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; k++) out[k] = k < cnt ? tt_ft<DT>::ld(p[e + k]) : (C)0;
+  }
+}
+
+template <int DT>
+__device__ __forceinline__ void tt_st_chunk(typename tt_ft<DT>::S *p, int64_t e, int64_t cnt, bool vec,
+                                            const typename tt_ft<DT>::C *in) {
+  typedef typename tt_ft<DT>::S S;
+  constexpr int V = 16 / sizeof(S);
+  if (vec && cnt == V) {
+    tt_pack<S> pk;
+#pragma unroll
+    for (int k = 0; k < V; k++) pk.v[k] = tt_ft<DT>::st(in[k]);
+    *reinterpret_cast<tt_pack<S> *>(p + e) = pk;
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; k++)
+      if (k < cnt) p[e + k] = tt_ft<DT>::st(in[k]);
+  }
+}
+
+/* ---- arithmetic the compiler may not contract --------------------------- */
+
+__device__ __forceinline__ float tt_mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double tt_mul(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float tt_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double tt_add(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float tt_sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double tt_sub(double a, double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ float tt_div(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ double tt_div(double a, double b) { return __ddiv_rn(a, b); }
+__device__ __forceinline__ float tt_sqrt(float a) { return __fsqrt_rn(a); }
+__device__ __forceinline__ double tt_sqrt(double a) { return __dsqrt_rn(a); }
+__device__ __forceinline__ float tt_fma(float a, float b, float c) { return fmaf(a, b, c); }
+__device__ __forceinline__ double tt_fma(double a, double b, double c) { return fma(a, b, c); }
+
+__device__ __forceinline__ float tt_exp_lib(float a) { return expf(a); }
+__device__ __forceinline__ double tt_exp_lib(double a) { return exp(a); }
+__device__ __forceinline__ float tt_log_lib(float a) { return logf(a); }
+__device__ __forceinline__ double tt_log_lib(double a) { return log(a); }
+
+/* kernels/cpu/vmath.h's tt_expf, operation for operation. */
+__device__ __forceinline__ float tt_d_expf(float x) {
+  float xc = x > -104.0f ? x : -104.0f;
+  xc = xc < 89.0f ? xc : 89.0f;
+  float n = __fsub_rn(__fadd_rn(__fmul_rn(xc, 1.44269504088896341f), 12582912.0f), 12582912.0f);
+  float r = fmaf(n, -0.693359375f, xc);
+  r = fmaf(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = fmaf(p, r, 1.3981999507e-3f);
+  p = fmaf(p, r, 8.3334519073e-3f);
+  p = fmaf(p, r, 4.1665795894e-2f);
+  p = fmaf(p, r, 1.6666665459e-1f);
+  p = fmaf(p, r, 5.0000001201e-1f);
+  p = __fadd_rn(fmaf(__fmul_rn(p, r), r, r), 1.0f);
+  int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
+  float s1 = __uint_as_float((uint32_t)(n1 + 127) << 23), s2 = __uint_as_float((uint32_t)(n2 + 127) << 23);
+  return x == x ? __fmul_rn(__fmul_rn(p, s1), s2) : x;
+}
+
+/* kernels/cpu/reduce.c's vexpf (softmax), operation for operation. */
+__device__ __forceinline__ float tt_d_vexpf(float x) {
+  float xs = x != x ? 0.0f : x;
+  xs = xs < -104.0f ? -104.0f : xs;
+  xs = xs > 89.0f ? 89.0f : xs;
+  float kf = __fadd_rn(__fmul_rn(xs, 1.44269504088896341f), 12582912.0f);
+  kf = __fsub_rn(kf, 12582912.0f);
+  float r = __fsub_rn(xs, __fmul_rn(kf, 0.693359375f));
+  r = __fsub_rn(r, __fmul_rn(kf, -2.12194440e-4f));
+  float z = __fmul_rn(r, r);
+  float p = 1.9875691500e-4f;
+  p = __fadd_rn(__fmul_rn(p, r), 1.3981999507e-3f);
+  p = __fadd_rn(__fmul_rn(p, r), 8.3334519073e-3f);
+  p = __fadd_rn(__fmul_rn(p, r), 4.1665795894e-2f);
+  p = __fadd_rn(__fmul_rn(p, r), 1.6666665459e-1f);
+  p = __fadd_rn(__fmul_rn(p, r), 5.0000001201e-1f);
+  p = __fadd_rn(__fadd_rn(__fmul_rn(p, z), r), 1.0f);
+  int32_t k = (int32_t)kf;
+  int32_t k1 = k >> 1, k2 = k - k1;
+  float res = __fmul_rn(__fmul_rn(p, __uint_as_float((uint32_t)(k1 + 127) << 23)),
+                        __uint_as_float((uint32_t)(k2 + 127) << 23));
+  return x != x ? x : res;
+}
+
+/* ---- groups: G lanes (a warp or the whole block) per task ---------------- */
+
+/* Every group-reduced kernel runs TT_CUDA_THREADS threads per block. */
+#define TT_WARPS (TT_CUDA_THREADS / 32)
+
+__device__ __forceinline__ float tt_shfl_xor(float v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ double tt_shfl_xor(double v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ long long tt_shfl_xor(long long v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ float tt_shfl0(float v) { return __shfl_sync(0xffffffffu, v, 0); }
+__device__ __forceinline__ double tt_shfl0(double v) { return __shfl_sync(0xffffffffu, v, 0); }
+__device__ __forceinline__ long long tt_shfl0(long long v) { return __shfl_sync(0xffffffffu, v, 0); }
+
+struct tt_sum_op {
+  template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct tt_max_op { /* NaN-free inputs (callers skip NaN) */
+  template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a > b ? a : b; }
+};
+
+/* A group-wide reduction of a scalar with a fixed tree; every lane gets
+ * lane 0's result (so all lanes agree bit for bit). For G == block size
+ * the whole block must call it (it synchronizes); smem holds TT_WARPS. */
+template <int G, typename T, typename Op>
+__device__ __forceinline__ T tt_group_reduce(T v, Op op, T *smem) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, tt_shfl_xor(v, o));
+  v = tt_shfl0(v);
+  if (G == 32) return v;
+  int w = threadIdx.x >> 5;
+  __syncthreads(); /* smem may still be read by the previous call */
+  if ((threadIdx.x & 31) == 0) smem[w] = v;
+  __syncthreads();
+  T r = smem[0];
+  for (int i = 1; i < TT_WARPS; i++) r = op(r, smem[i]);
+  return r;
+}
+
+/* Blocks for `tasks` groups of G lanes, TT_CUDA_THREADS per block. */
+static inline unsigned int tt_cuda_group_blocks(int64_t tasks, int G) {
+  int64_t per = TT_CUDA_THREADS / G;
+  int64_t b = (tasks + per - 1) / per;
+  return (unsigned int)(b < 1 ? 1 : (b > 65536 ? 65536 : b));
+}
+
+/* ---- row movers shared by index.cu and embed.cu ---------------------------- */
+
+/* out[o, j, :] = src[o, idx[j], :] for elements of esz bytes (an index
+ * outside [0, n_src) gives a zero row). */
+tt_status tt_cuda_select_rows(int esz, int64_t outer, int64_t n_src, int64_t inner, const void *src, int64_t n_idx,
+                              const int64_t *idx, void *out);
+/* dst[o, idx[j], :] += src[o, j, :] (scatter 0) or dst[o, idx[o, j, i], i] +=
+ * src[o, j, i] (scatter 1), deterministic; `name` is the op for messages. */
+tt_status tt_cuda_add_rows(const char *name, int scatter, int dtype, int64_t outer, int64_t n_dst, int64_t inner,
+                           void *dst, int64_t n_idx, const int64_t *idx, const void *src);
+
+#endif

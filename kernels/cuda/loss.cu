@@ -1,0 +1,193 @@
+/*
+ * loss.cu — fused cross-entropy over rows of logits; probabilities are never
+ * stored (as llm.c's fused classifier).
+ *
+ * Forward: one pass per row with an online log-sum-exp — each lane keeps a
+ * running max m and sum s = sum exp(x - m) (s in double, as the CPU's sum),
+ * rescaling s when m grows, over its 16-byte chunks of the row, so a 128k
+ * vocabulary row is read once; the lanes' (m, s) pairs meet in a fixed tree.
+ * A warp per row up to 1024 logits, a block per row above. exp is the CPU's
+ * tt_expf (f32 and 16-bit logits) or exp (f64); lse = m + log(s) in double,
+ * loss = lse - x[target] in double, each rounded once.
+ *
+ * Backward: dlogits = dloss * (exp(x - lse) - onehot(target)) in one pass,
+ * the CPU's f32 arithmetic (bit-identical for f32); ignored rows (target ==
+ * ignore_index, or outside [0, V)) get zeros. dlogits may be logits itself.
+ *
+ * Edge cases follow the CPU: NaN logits give NaN lse, as do +inf logits and
+ * rows that are all -inf.
+ */
+#include "kernel_util.cuh"
+
+__device__ __forceinline__ float tt_ce_exp(float a) { return tt_d_expf(a); }
+__device__ __forceinline__ double tt_ce_exp(double a) { return exp(a); }
+
+/* A lane's running (max, sum of exp(x - max)). m is never NaN: a NaN logit
+ * fails x > m and lands in s. */
+template <typename C> struct tt_lse {
+  C m;
+  double s;
+};
+
+template <typename C> __device__ __forceinline__ tt_lse<C> tt_shfl_xor(tt_lse<C> a, int o) {
+  a.m = tt_shfl_xor(a.m, o);
+  a.s = tt_shfl_xor(a.s, o);
+  return a;
+}
+template <typename C> __device__ __forceinline__ tt_lse<C> tt_shfl0(tt_lse<C> a) {
+  a.m = tt_shfl0(a.m);
+  a.s = tt_shfl0(a.s);
+  return a;
+}
+
+/* A part that saw nothing (or only -inf) has s == 0 and adds nothing; NaN in
+ * s survives the rescale (NaN * 0 is NaN). Symmetric in its arguments. */
+struct tt_lse_op {
+  template <typename C> __device__ __forceinline__ tt_lse<C> operator()(tt_lse<C> a, tt_lse<C> b) const {
+    tt_lse<C> r;
+    r.m = a.m > b.m ? a.m : b.m;
+    double sa = a.s == 0.0 ? 0.0 : a.s * (double)tt_ce_exp(tt_sub(a.m, r.m));
+    double sb = b.s == 0.0 ? 0.0 : b.s * (double)tt_ce_exp(tt_sub(b.m, r.m));
+    r.s = sa + sb;
+    return r;
+  }
+};
+
+/* One logit into the running pair. When x becomes the max, it contributes
+ * exp(x - x) = 1 (NaN for x = +inf, as the CPU's exp(inf - inf)). */
+template <typename C> __device__ __forceinline__ void tt_lse_push(tt_lse<C> &p, C x) {
+  if (x > p.m) {
+    p.s = p.s * (double)tt_ce_exp(tt_sub(p.m, x)) + (double)((C)1 + tt_sub(x, x));
+    p.m = x;
+  } else if (x != -INFINITY) {
+    p.s += (double)tt_ce_exp(tt_sub(x, p.m));
+  }
+}
+
+static __device__ __forceinline__ bool tt_ce_ignored(int64_t t, int64_t V, int64_t ignore_index) {
+  return t == ignore_index || t < 0 || t >= V;
+}
+
+template <int DT, int G>
+__global__ void tt_ce_forward(int64_t N, int64_t V, const typename tt_ft<DT>::S *__restrict__ logits,
+                              const int64_t *__restrict__ targets, int64_t ignore_index,
+                              typename tt_ft<DT>::S *__restrict__ losses, typename tt_ft<DT>::C *__restrict__ lse) {
+  typedef typename tt_ft<DT>::C C;
+  constexpr int VW = 16 / sizeof(typename tt_ft<DT>::S);
+  constexpr int PER = TT_CUDA_THREADS / G;
+  __shared__ tt_lse<C> sm[TT_WARPS];
+  const int lane = threadIdx.x % G;
+  for (int64_t r = (int64_t)blockIdx.x * PER + threadIdx.x / G; r < N; r += (int64_t)gridDim.x * PER) {
+    const typename tt_ft<DT>::S *x = logits + r * V;
+    const bool vec = tt_al16(x);
+    tt_lse<C> p;
+    p.m = -INFINITY;
+    p.s = 0.0;
+    for (int64_t e = (int64_t)lane * VW; e < V; e += (int64_t)G * VW) {
+      int64_t cnt = V - e < VW ? V - e : VW;
+      C c[VW];
+      tt_ld_chunk<DT>(x, e, cnt, vec, c);
+#pragma unroll
+      for (int k = 0; k < VW; k++)
+        if (k < cnt) tt_lse_push(p, c[k]);
+    }
+    p = tt_group_reduce<G>(p, tt_lse_op(), sm);
+    if (lane == 0) {
+      /* An all -inf row: the CPU's exp(-inf - -inf) makes it NaN. */
+      double l = p.m == -INFINITY ? (double)NAN : (double)p.m + log(p.s);
+      lse[r] = (C)l;
+      int64_t t = targets[r];
+      losses[r] = tt_ce_ignored(t, V, ignore_index) ? tt_ft<DT>::st((C)0)
+                                                    : tt_ft<DT>::st((C)(l - (double)tt_ft<DT>::ld(x[t])));
+    }
+  }
+}
+
+template <int DT, int G>
+__global__ void tt_ce_backward(int64_t N, int64_t V, const typename tt_ft<DT>::S *logits,
+                               const int64_t *__restrict__ targets, const typename tt_ft<DT>::C *__restrict__ lse,
+                               const typename tt_ft<DT>::S *__restrict__ dlosses, int64_t ignore_index,
+                               typename tt_ft<DT>::S *dlogits) {
+  typedef typename tt_ft<DT>::C C;
+  constexpr int VW = 16 / sizeof(typename tt_ft<DT>::S);
+  constexpr int PER = TT_CUDA_THREADS / G;
+  const int lane = threadIdx.x % G;
+  for (int64_t r = (int64_t)blockIdx.x * PER + threadIdx.x / G; r < N; r += (int64_t)gridDim.x * PER) {
+    const typename tt_ft<DT>::S *x = logits + r * V;
+    typename tt_ft<DT>::S *dx = dlogits + r * V;
+    const bool vec = tt_al16(x) && tt_al16(dx);
+    const int64_t t = targets[r];
+    const bool ign = tt_ce_ignored(t, V, ignore_index);
+    const C g = ign ? (C)0 : tt_ft<DT>::ld(dlosses[r]), l = ign ? (C)0 : lse[r];
+    for (int64_t e = (int64_t)lane * VW; e < V; e += (int64_t)G * VW) {
+      int64_t cnt = V - e < VW ? V - e : VW;
+      C c[VW];
+      if (ign) {
+#pragma unroll
+        for (int k = 0; k < VW; k++) c[k] = (C)0;
+      } else {
+        tt_ld_chunk<DT>(x, e, cnt, vec, c);
+#pragma unroll
+        for (int k = 0; k < VW; k++) {
+          c[k] = tt_mul(g, tt_ce_exp(tt_sub(c[k], l)));
+          if (e + k == t) c[k] = tt_sub(c[k], g);
+        }
+      }
+      tt_st_chunk<DT>(dx, e, cnt, vec, c);
+    }
+  }
+}
+
+template <int DT>
+static tt_status tt_ce_launch(int backward, int64_t N, int64_t V, const void *logits, const int64_t *targets,
+                              int64_t ignore_index, const void *lse_in, const void *dlosses, void *out0, void *out1) {
+  typedef typename tt_ft<DT>::S S;
+  typedef typename tt_ft<DT>::C C;
+  int device;
+  cudaStream_t s;
+  tt_status st = tt_cuda_current(&device, &s);
+  if (st != TT_OK) return st;
+  const bool small = V <= 1024;
+  const int G = small ? 32 : TT_CUDA_THREADS;
+  unsigned int g = tt_cuda_group_blocks(N, G);
+  if (!backward) {
+    if (small)
+      tt_ce_forward<DT, 32><<<g, TT_CUDA_THREADS, 0, s>>>(N, V, (const S *)logits, targets, ignore_index, (S *)out0,
+                                                          (C *)out1);
+    else
+      tt_ce_forward<DT, TT_CUDA_THREADS><<<g, TT_CUDA_THREADS, 0, s>>>(N, V, (const S *)logits, targets, ignore_index,
+                                                                       (S *)out0, (C *)out1);
+    TT_CUDA_CHECK_LAUNCH("tt_ce_forward");
+  } else {
+    if (small)
+      tt_ce_backward<DT, 32><<<g, TT_CUDA_THREADS, 0, s>>>(N, V, (const S *)logits, targets, (const C *)lse_in,
+                                                           (const S *)dlosses, ignore_index, (S *)out0);
+    else
+      tt_ce_backward<DT, TT_CUDA_THREADS><<<g, TT_CUDA_THREADS, 0, s>>>(
+          N, V, (const S *)logits, targets, (const C *)lse_in, (const S *)dlosses, ignore_index, (S *)out0);
+    TT_CUDA_CHECK_LAUNCH("tt_ce_backward");
+  }
+  return TT_OK;
+}
+
+extern "C" tt_status tt_cuda_cross_entropy(int dtype, int64_t N, int64_t V, const void *logits,
+                                           const int64_t *targets, int64_t ignore_index, void *losses, void *lse) {
+  if (N <= 0 || V <= 0) {
+    if (dtype == TT_F32 || dtype == TT_F64 || dtype == TT_BF16 || dtype == TT_F16) return TT_OK;
+  } else {
+    TT_FLOAT_DISPATCH(dtype, tt_ce_launch, 0, N, V, logits, targets, ignore_index, NULL, NULL, losses, lse)
+  }
+  return tt_error_set(TT_ERR_DTYPE, "cuda cross_entropy: dtype %d not supported (f32, f64, bf16, f16)", dtype);
+}
+
+extern "C" tt_status tt_cuda_cross_entropy_backward(int dtype, int64_t N, int64_t V, const void *logits,
+                                                    const int64_t *targets, const void *lse, const void *dlosses,
+                                                    int64_t ignore_index, void *dlogits) {
+  if (N <= 0 || V <= 0) {
+    if (dtype == TT_F32 || dtype == TT_F64 || dtype == TT_BF16 || dtype == TT_F16) return TT_OK;
+  } else {
+    TT_FLOAT_DISPATCH(dtype, tt_ce_launch, 1, N, V, logits, targets, ignore_index, lse, dlosses, dlogits, NULL)
+  }
+  return tt_error_set(TT_ERR_DTYPE, "cuda cross_entropy_backward: dtype %d not supported (f32, f64, bf16, f16)",
+                      dtype);
+}

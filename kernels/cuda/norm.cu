@@ -1,0 +1,214 @@
+/*
+ * norm.cu — RMSNorm over the last dim, forward and backward.
+ *
+ * y = x * rstd * w with rstd = 1/sqrt(mean(x^2) + eps). One warp per row up
+ * to 1024 elements, one block per row above; rows are read in 16-byte
+ * chunks (kernel_util.cuh) twice — once for the statistic, once for the
+ * output — the second time from L1/L2. As on the CPU the sum of squares and
+ * the backward's row dot product accumulate in double, and every other
+ * step is the CPU's (kernels/cpu/norm.c) in the compute type with unfused
+ * products: f32 and f64 outputs match the reference up to the order of the
+ * double sums. rstd is f32 for f32/bf16/f16 input and f64 for f64.
+ *
+ * dw: each column summed over all rows in double, deterministically
+ * without atomics: the rows are cut into R fixed chunks (R a function of
+ * the shape), a thread per (chunk, column) sums its chunk in row order into
+ * the device workspace, and a second kernel adds the R partials in chunk
+ * order and accumulates into dw (dw = dw + total, rounded once).
+ */
+#include "kernel_util.cuh"
+
+template <int DT, int G>
+__global__ void tt_rmsnorm_kernel(int64_t rows, int64_t dim, double eps, const typename tt_ft<DT>::S *__restrict__ x,
+                                  const typename tt_ft<DT>::S *__restrict__ w, typename tt_ft<DT>::S *__restrict__ y,
+                                  typename tt_ft<DT>::C *__restrict__ rstd) {
+  typedef typename tt_ft<DT>::C C;
+  constexpr int V = 16 / sizeof(typename tt_ft<DT>::S);
+  constexpr int PER = TT_CUDA_THREADS / G;
+  __shared__ double sm[TT_WARPS];
+  const int lane = threadIdx.x % G;
+  for (int64_t r = (int64_t)blockIdx.x * PER + threadIdx.x / G; r < rows; r += (int64_t)gridDim.x * PER) {
+    const typename tt_ft<DT>::S *xr = x + r * dim;
+    typename tt_ft<DT>::S *yr = y + r * dim;
+    const bool vec = tt_al16(xr) && tt_al16(yr) && tt_al16(w);
+    double ss = 0.0;
+    for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
+      int64_t cnt = dim - e < V ? dim - e : V;
+      C c[V];
+      tt_ld_chunk<DT>(xr, e, cnt, vec, c);
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        if (k < cnt) ss = tt_add(ss, tt_mul((double)c[k], (double)c[k]));
+    }
+    ss = tt_group_reduce<G>(ss, tt_sum_op(), sm);
+    const C rs = (C)(1.0 / sqrt(ss / (double)dim + eps));
+    if (lane == 0) rstd[r] = rs;
+    for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
+      int64_t cnt = dim - e < V ? dim - e : V;
+      C c[V], wv[V];
+      tt_ld_chunk<DT>(xr, e, cnt, vec, c);
+      tt_ld_chunk<DT>(w, e, cnt, vec, wv);
+#pragma unroll
+      for (int k = 0; k < V; k++) c[k] = tt_mul(tt_mul(c[k], rs), wv[k]);
+      tt_st_chunk<DT>(yr, e, cnt, vec, c);
+    }
+  }
+}
+
+/* dx = rstd * w * dy - x * (rstd^3 * sum(dy * w * x) / dim). */
+template <int DT, int G>
+__global__ void tt_rmsnorm_dx_kernel(int64_t rows, int64_t dim, const typename tt_ft<DT>::S *__restrict__ x,
+                                     const typename tt_ft<DT>::S *__restrict__ w,
+                                     const typename tt_ft<DT>::C *__restrict__ rstd,
+                                     const typename tt_ft<DT>::S *__restrict__ dy, typename tt_ft<DT>::S *__restrict__ dx) {
+  typedef typename tt_ft<DT>::C C;
+  constexpr int V = 16 / sizeof(typename tt_ft<DT>::S);
+  constexpr int PER = TT_CUDA_THREADS / G;
+  __shared__ double sm[TT_WARPS];
+  const int lane = threadIdx.x % G;
+  for (int64_t r = (int64_t)blockIdx.x * PER + threadIdx.x / G; r < rows; r += (int64_t)gridDim.x * PER) {
+    const typename tt_ft<DT>::S *xr = x + r * dim, *gr = dy + r * dim;
+    typename tt_ft<DT>::S *dr = dx + r * dim;
+    const bool vec = tt_al16(xr) && tt_al16(gr) && tt_al16(dr) && tt_al16(w);
+    double dot = 0.0;
+    for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
+      int64_t cnt = dim - e < V ? dim - e : V;
+      C xv[V], gv[V], wv[V];
+      tt_ld_chunk<DT>(xr, e, cnt, vec, xv);
+      tt_ld_chunk<DT>(gr, e, cnt, vec, gv);
+      tt_ld_chunk<DT>(w, e, cnt, vec, wv);
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        if (k < cnt) dot = tt_add(dot, tt_mul(tt_mul((double)gv[k], (double)wv[k]), (double)xv[k]));
+    }
+    dot = tt_group_reduce<G>(dot, tt_sum_op(), sm);
+    const double rs = (double)rstd[r];
+    const C a = (C)rs, cc = (C)(rs * rs * rs * dot / (double)dim);
+    for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
+      int64_t cnt = dim - e < V ? dim - e : V;
+      C xv[V], gv[V], wv[V];
+      tt_ld_chunk<DT>(xr, e, cnt, vec, xv);
+      tt_ld_chunk<DT>(gr, e, cnt, vec, gv);
+      tt_ld_chunk<DT>(w, e, cnt, vec, wv);
+#pragma unroll
+      for (int k = 0; k < V; k++) xv[k] = tt_sub(tt_mul(tt_mul(a, wv[k]), gv[k]), tt_mul(xv[k], cc));
+      tt_st_chunk<DT>(dr, e, cnt, vec, xv);
+    }
+  }
+}
+
+/* Thread (chunk k, column j) sums dy * x * rstd over rows [k * L, min(rows,
+ * k * L + L)) in row order. R == 1: accumulates straight into dw. */
+template <int DT>
+__global__ void tt_rmsnorm_dw_partial(int64_t rows, int64_t dim, int64_t R, int64_t L,
+                                      const typename tt_ft<DT>::S *__restrict__ x,
+                                      const typename tt_ft<DT>::C *__restrict__ rstd,
+                                      const typename tt_ft<DT>::S *__restrict__ dy, double *__restrict__ part,
+                                      typename tt_ft<DT>::S *__restrict__ dw) {
+  typedef typename tt_ft<DT>::C C;
+  const int64_t total = R * dim;
+  for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < total; u += (int64_t)gridDim.x * blockDim.x) {
+    int64_t j = u % dim, k = u / dim;
+    int64_t r0 = k * L, r1 = r0 + L < rows ? r0 + L : rows;
+    double acc = 0.0;
+    for (int64_t r = r0; r < r1; r++) {
+      double g = (double)tt_ft<DT>::ld(dy[r * dim + j]), xv = (double)tt_ft<DT>::ld(x[r * dim + j]);
+      acc = tt_add(acc, tt_mul(tt_mul(g, xv), (double)rstd[r]));
+    }
+    if (R == 1) dw[j] = tt_ft<DT>::st((C)tt_add((double)tt_ft<DT>::ld(dw[j]), acc));
+    else part[u] = acc;
+  }
+}
+
+template <int DT>
+__global__ void tt_rmsnorm_dw_final(int64_t dim, int64_t R, const double *__restrict__ part,
+                                    typename tt_ft<DT>::S *__restrict__ dw) {
+  typedef typename tt_ft<DT>::C C;
+  for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < dim; j += (int64_t)gridDim.x * blockDim.x) {
+    double acc = 0.0;
+    for (int64_t k = 0; k < R; k++) acc = tt_add(acc, part[k * dim + j]);
+    dw[j] = tt_ft<DT>::st((C)tt_add((double)tt_ft<DT>::ld(dw[j]), acc));
+  }
+}
+
+template <int DT>
+static tt_status tt_rmsnorm_launch(int64_t rows, int64_t dim, double eps, const void *x, const void *w, void *y,
+                                   void *rstd) {
+  typedef typename tt_ft<DT>::S S;
+  typedef typename tt_ft<DT>::C C;
+  int device;
+  cudaStream_t s;
+  tt_status st = tt_cuda_current(&device, &s);
+  if (st != TT_OK) return st;
+  if (dim <= 1024)
+    tt_rmsnorm_kernel<DT, 32><<<tt_cuda_group_blocks(rows, 32), TT_CUDA_THREADS, 0, s>>>(
+        rows, dim, eps, (const S *)x, (const S *)w, (S *)y, (C *)rstd);
+  else
+    tt_rmsnorm_kernel<DT, TT_CUDA_THREADS><<<tt_cuda_group_blocks(rows, TT_CUDA_THREADS), TT_CUDA_THREADS, 0, s>>>(
+        rows, dim, eps, (const S *)x, (const S *)w, (S *)y, (C *)rstd);
+  TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_kernel");
+  return TT_OK;
+}
+
+template <int DT>
+static tt_status tt_rmsnorm_backward_launch(int64_t rows, int64_t dim, const void *x, const void *w, const void *rstd,
+                                            const void *dy, void *dx, void *dw) {
+  typedef typename tt_ft<DT>::S S;
+  typedef typename tt_ft<DT>::C C;
+  int device;
+  cudaStream_t s;
+  tt_status st = tt_cuda_current(&device, &s);
+  if (st != TT_OK) return st;
+  if (dim <= 1024)
+    tt_rmsnorm_dx_kernel<DT, 32><<<tt_cuda_group_blocks(rows, 32), TT_CUDA_THREADS, 0, s>>>(
+        rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx);
+  else
+    tt_rmsnorm_dx_kernel<DT, TT_CUDA_THREADS><<<tt_cuda_group_blocks(rows, TT_CUDA_THREADS), TT_CUDA_THREADS, 0, s>>>(
+        rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx);
+  TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dx_kernel");
+  if (!dw) return TT_OK;
+  /* R row chunks: about 256k (chunk, column) threads, chunks of at least 32
+   * rows, partials within the workspace. A function of (rows, dim) only. */
+  int64_t R = (262144 + dim - 1) / dim, by_rows = (rows + 31) / 32, cap = (int64_t)(TT_CUDA_WORKSPACE / 8) / dim;
+  if (R > by_rows) R = by_rows;
+  if (R > 1024) R = 1024;
+  if (R > cap) R = cap;
+  if (R < 1) R = 1;
+  int64_t L = (rows + R - 1) / R;
+  R = (rows + L - 1) / L; /* no empty chunk */
+  std::unique_lock<std::mutex> hold;
+  double *part = NULL;
+  if (R > 1) {
+    void *ws;
+    if ((st = tt_cuda_workspace(device, &ws, &hold)) != TT_OK) return st;
+    part = (double *)ws;
+  }
+  tt_rmsnorm_dw_partial<DT><<<tt_cuda_blocks(R * dim), TT_CUDA_THREADS, 0, s>>>(
+      rows, dim, R, L, (const S *)x, (const C *)rstd, (const S *)dy, part, (S *)dw);
+  TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dw_partial");
+  if (R > 1) {
+    tt_rmsnorm_dw_final<DT><<<tt_cuda_blocks(dim), TT_CUDA_THREADS, 0, s>>>(dim, R, part, (S *)dw);
+    TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dw_final");
+  }
+  return TT_OK;
+}
+
+extern "C" tt_status tt_cuda_rmsnorm(int dtype, int64_t rows, int64_t dim, double eps, const void *x, const void *w,
+                                     void *y, void *rstd) {
+  if (rows <= 0) {
+    if (dtype == TT_F32 || dtype == TT_F64 || dtype == TT_BF16 || dtype == TT_F16) return TT_OK;
+  } else {
+    TT_FLOAT_DISPATCH(dtype, tt_rmsnorm_launch, rows, dim, eps, x, w, y, rstd)
+  }
+  return tt_error_set(TT_ERR_DTYPE, "cuda rmsnorm: dtype %d not supported (f32, f64, bf16, f16)", dtype);
+}
+
+extern "C" tt_status tt_cuda_rmsnorm_backward(int dtype, int64_t rows, int64_t dim, const void *x, const void *w,
+                                              const void *rstd, const void *dy, void *dx, void *dw) {
+  if (rows <= 0 || dim <= 0) {
+    if (dtype == TT_F32 || dtype == TT_F64 || dtype == TT_BF16 || dtype == TT_F16) return TT_OK;
+  } else {
+    TT_FLOAT_DISPATCH(dtype, tt_rmsnorm_backward_launch, rows, dim, x, w, rstd, dy, dx, dw)
+  }
+  return tt_error_set(TT_ERR_DTYPE, "cuda rmsnorm_backward: dtype %d not supported (f32, f64, bf16, f16)", dtype);
+}
