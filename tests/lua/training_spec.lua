@@ -141,6 +141,8 @@ describe("bad recipes", function()
       { write("return { base = 'no_such_recipe' }"), "cannot load recipe" },
       { write("return { model = { flavor = 'XXL' } }"), "unknown flavor 'XXL'" },
       { write("return { model = { tokenizer = '/nonexistent/tok.json' } }"), "/nonexistent/tok.json" },
+      { write("return { training = { dataset_path = '/nonexistent' } }"),
+        "the fortunes corpus is missing (/nonexistent/fortunes)" },
     }
     for _, c in ipairs(cases) do
       local out, rc = titan_run(c[1] .. " --job.dump_folder=/tmp/titan-bad-recipe --metrics.peak_flops=1e11")

@@ -9,14 +9,18 @@ local function data() return require("titan.data") end
 
 -- The Debian fortunes corpus, sorted by name; opts.from/opts.to keep the
 -- files whose names start with a letter in that range.
+-- opts.dir replaces the Debian location (training.dataset_path for the
+-- fortunes dataset: a machine without the package can carry the files).
 function M.fortune_files(opts)
   opts = opts or {}
-  local f = io.open(FORTUNES .. "/fortunes", "r")
+  local dir = opts.dir or FORTUNES
+  local f = io.open(dir .. "/fortunes", "r")
   if not f then
-    error("data: the fortunes corpus is missing (" .. FORTUNES .. "); install the Debian package: apt-get install fortunes", 0)
+    error("data: the fortunes corpus is missing (" .. dir .. "/fortunes); install the Debian package "
+      .. "(apt-get install fortunes) or point training.dataset_path at a copy of its folder", 0)
   end
   f:close()
-  local files = require("titan.cli.data").expand_inputs({ FORTUNES }, function() end)
+  local files = require("titan.cli.data").expand_inputs({ dir }, function() end)
   if opts.from or opts.to then
     local from, to = opts.from or "a", opts.to or "z"
     local keep = {}
@@ -38,7 +42,9 @@ end
 -- The dataset files and the reader's format for training.dataset.
 function M.paths(cfg)
   local t = cfg.training
-  if t.dataset == "fortunes" then return M.fortune_files(), "fortune" end
+  if t.dataset == "fortunes" then
+    return M.fortune_files({ dir = t.dataset_path ~= "" and t.dataset_path or nil }), "fortune"
+  end
   local paths = split_paths(t.dataset_path)
   if #paths == 0 then
     error(("data: training.dataset = %s needs training.dataset_path (comma-separated files)"):format(t.dataset), 0)
