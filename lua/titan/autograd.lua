@@ -249,8 +249,8 @@ function M.Function(def)
     if M.needs(unpack(args, 1, n)) then
       local saved = ctx._to_save or {}
       ctx._to_save = nil
-      M.record(def.name or "Function", out, args, n, function(_, g)
-        ctx.saved_tensors = _.node.saved
+      M.record(def.name or "Function", out, args, n, function(node_ctx, g)
+        ctx.saved_tensors = node_ctx.node.saved
         return { def.backward(ctx, g) }
       end, saved)
     end

@@ -7,7 +7,7 @@ local M = {}
 M.now = require("titan.clock").now
 
 -- Total host memory, for the memory percentage on the CPU.
-local function host_memory_bytes()
+function M.host_memory_bytes()
   local f = io.open("/proc/meminfo", "r")
   if not f then return nil end
   local text = f:read("*a")
@@ -40,7 +40,7 @@ Logger.__index = Logger
 function M.Logger(opts)
   local self = setmetatable({ opts = opts, t_start = M.now(), t_last = M.now(), tokens_since = 0 }, Logger)
   self.print = opts.print or function(line) io.stdout:write(line, "\n"); io.stdout:flush() end
-  self.mem_total = opts.device == "cpu" and host_memory_bytes() or nil
+  self.mem_total = opts.device == "cpu" and M.host_memory_bytes() or nil
   if opts.jsonl_path then
     local f, err = io.open(opts.jsonl_path, "a")
     if not f then error("metrics: cannot open " .. opts.jsonl_path .. ": " .. tostring(err), 0) end

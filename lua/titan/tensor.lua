@@ -89,7 +89,7 @@ function Tensor:free()
     self._c = nil
     self._freed = true
   end
-  if self.grad and self.grad._scope == nil and not self._keep_grad then
+  if self.grad and self.grad._scope == nil then
     -- a leaf's .grad belongs to the leaf
     self.grad:free()
     self.grad = nil

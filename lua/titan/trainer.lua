@@ -59,14 +59,6 @@ local Trainer = {}
 Trainer.__index = Trainer
 M.Trainer = Trainer
 
-local function host_memory_bytes()
-  local f = io.open("/proc/meminfo", "r")
-  if not f then return math.huge end
-  local kb = f:read("*a"):match("MemTotal:%s+(%d+)")
-  f:close()
-  return kb and tonumber(kb) * 1024 or math.huge
-end
-
 local function mkdir_p(path)
   local ok = os.execute(("mkdir -p '%s'"):format(path:gsub("'", "'\\''")))
   if ok ~= 0 and ok ~= true then error("trainer: cannot create folder " .. path, 0) end
@@ -95,11 +87,11 @@ function M.new(cfg, opts)
   local bytes_per = ({ float32 = 4, float64 = 8, bfloat16 = 2 })[t.mixed_precision_param] or 4
   -- weights + gradients + two f32 AdamW moments
   local need = nparams * (2 * bytes_per + 8)
-  if t.device == "cpu" and need > 0.8 * host_memory_bytes() then
+  if t.device == "cpu" and need > 0.8 * (metrics.host_memory_bytes() or math.huge) then
     error(("trainer: %s %s has %.2fB parameters and needs ~%.0f GiB for weights, gradients and optimizer state "
       .. "in %s, but this machine has %.0f GiB; train it on GPUs (training.device=cuda with parallelism.*), "
       .. "or pick a smaller flavor"):format(cfg.model.name, cfg.model.flavor, nparams / 1e9, need / 2 ^ 30, t.mixed_precision_param,
-      host_memory_bytes() / 2 ^ 30), 0)
+      (metrics.host_memory_bytes() or math.huge) / 2 ^ 30), 0)
   end
   model:to_empty(t.device)
   family.init_weights(model, t.seed)
