@@ -23,6 +23,7 @@ local titan = require("titan")
 local common = require("common")
 local llama3 = require("models.llama3")
 local optim = require("titan.optim")
+local cuda_graph = require("titan.cuda_graph")
 local ffi, C = titan.ffi, titan.C
 local F = titan.F
 
@@ -347,7 +348,9 @@ local function fast_init(model)
   end)
 end
 
-local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need)
+-- graphs: after the first step, replay the forward + backward from a CUDA
+-- graph (titan.cuda_graph; training.cuda_graphs in the trainer).
+local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, graphs)
   for _, dt in ipairs(dtypes) do
     local r = guarded("train", label .. " " .. dt, need, function()
       local t0 = common.now()
@@ -366,22 +369,33 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need)
       local x = ids:narrow(2, 1, T):contiguous():to(DEV)
       local y = ids:narrow(2, 2, T):contiguous():to(DEV)
       local stats_dev = ON_GPU and "cuda:0" or "cpu"
-      local last_loss
-      local function step()
-        last_loss = titan.scope(function()
-          local logits = model(x)
-          local loss = F.cross_entropy(logits:reshape(-1, V), y:reshape(-1))
-          loss:backward()
-          return loss:item()
-        end)
+      local last_loss, graph
+      local function fwd_bwd()
+        local logits = model(x)
+        local loss = F.cross_entropy(logits:reshape(-1, V), y:reshape(-1), { num_tokens = B * T })
+        loss:backward()
+        return loss
+      end
+      local function step(i)
+        if graphs and i > 1 then
+          if not graph then
+            local why
+            graph, why = cuda_graph.capture(DEV, function() return { loss = fwd_bwd() } end)
+            if not graph then error("cuda graph capture failed: " .. why, 0) end
+          end
+          graph:replay()
+          last_loss = graph.outputs.loss:item()
+        else
+          last_loss = titan.scope(function() return fwd_bwd():item() end)
+        end
         optim.clip_grad_norm(params, 1.0)
         opt:step()
-        opt:zero_grad()
+        opt:zero_grad({ set_to_none = not graphs }) -- a graph accumulates into the same buffers
       end
       local ts = {}
       for i = 1, warmup + steps do
         local s0 = common.now()
-        step()
+        step(i)
         sync()
         if i > warmup then ts[#ts + 1] = common.now() - s0 end
         if i == warmup then titan.reset_peak_memory(stats_dev) end
@@ -389,6 +403,8 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need)
       table.sort(ts)
       local t = ts[math.floor((#ts + 1) / 2)]
       local peak = titan.memory_stats(stats_dev).peak_allocated
+      local nodes = graph and graph.num_nodes
+      if graph then graph:free() end
       local tps = B * T / t
       for _, st in pairs(opt.state) do
         st.exp_avg:free()
@@ -398,16 +414,18 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need)
       if model._rope then model._rope.cos:free(); model._rope.sin:free() end
       model:free()
       local res = { model = label, dtype = dt, B = B, T = T, step_ms = t * 1e3, tokens_per_s = tps,
+        graphs = graphs and true or false, graph_nodes = nodes,
         mfu = tps * flops_per_token / PEAK, flops_per_token = flops_per_token, params = nparams,
         peak_gib = peak / 2 ^ 30, build_s = build_s, last_loss = last_loss, steps = steps,
         init = args.real_init and "seeded" or "tiled" }
-      print(("  [train] %s %s B%d T%d: %.1f ms/step, %.0f tokens/s, MFU %.1f%%, peak %.1f GiB (built in %.1f s, loss %.3f)")
-        :format(label, dt, B, T, res.step_ms, tps, 100 * res.mfu, res.peak_gib, build_s, last_loss))
+      print(("  [train] %s %s B%d T%d%s: %.1f ms/step, %.0f tokens/s, MFU %.1f%%, peak %.1f GiB (built in %.1f s, loss %.3f)")
+        :format(label, dt, B, T, graphs and (" cuda graph (%d nodes)"):format(nodes or 0) or "", res.step_ms, tps,
+          100 * res.mfu, res.peak_gib, build_s, last_loss))
       return res
     end)
     if r then
       results.train[#results.train + 1] = r
-      train_rows[#train_rows + 1] = { r.model, r.dtype, ("%dx%d"):format(r.B, r.T), f1(r.step_ms),
+      train_rows[#train_rows + 1] = { r.model, r.dtype, ("%dx%d"):format(r.B, r.T), r.graphs and "graph" or "eager", f1(r.step_ms),
         ("%.0f"):format(r.tokens_per_s), ("%.1f%%"):format(100 * r.mfu), f1(r.peak_gib) }
       return r -- the first dtype that works
     end
@@ -440,9 +458,17 @@ end
 if S then
   train_bench("tiny", { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 256, multiple_of = 32,
     max_seq_len = 64 }, 2, 32, { BF }, 2, 1, 0)
+  -- The graph path too (emulated on the CPU: a check of this script only).
+  cuda_graph.emulate = not ON_GPU
+  train_bench("tiny", { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 256, multiple_of = 32,
+    max_seq_len = 64 }, 2, 32, { BF }, 2, 1, 0, true)
+  cuda_graph.emulate = false
 else
   train_bench("llama3 1B", "1B", 1, 8192, { "bfloat16", "float32" }, 5, 2, 45)
   train_bench("llama3 debugmodel", "debugmodel", 16, 2048, { "bfloat16", "float32" }, 10, 3, 15)
+  -- Launch-bound: a small step, eager and replayed from a CUDA graph.
+  local dm = train_bench("llama3 debugmodel", "debugmodel", 4, 512, { "bfloat16", "float32" }, 10, 3, 8)
+  if dm then train_bench("llama3 debugmodel", "debugmodel", 4, 512, { dm.dtype }, 10, 3, 8, true) end
 end
 if not S then
   -- Llama 3 8B's linear layers at 8192 tokens: y = x @ W^T (fwd), and the
@@ -478,7 +504,7 @@ common.print_table({ "kernel", "dtype", "elements", "ms", "GB/s" }, mem_rows)
 print()
 print(("## Training on one GPU: AdamW, clip 1.0, random tokens; MFU = tokens/s x (6N + 12LHQT) / %.0f TFLOP/s; "
   .. "target 1B >= 50%% MFU"):format(PEAK / 1e12))
-common.print_table({ "model", "dtype", "B x T", "step ms", "tokens/s", "MFU", "peak GiB" }, train_rows)
+common.print_table({ "model", "dtype", "B x T", "launch", "step ms", "tokens/s", "MFU", "peak GiB" }, train_rows)
 if #results.errors > 0 then
   print()
   print(("note: %d measurement(s) failed or were skipped (error:/skipped: lines above)"):format(#results.errors))

@@ -112,6 +112,37 @@ void tt_memory_reset_peak(tt_device dev);
 void tt_memory_empty_cache(tt_device dev);
 /* Live tensor objects (all devices): a leak detector for tests. */
 int64_t tt_tensor_live_count(void);
+/* Waits until every kernel and copy queued on the device has finished. */
+tt_status tt_device_synchronize(tt_device dev);
+
+/* Private memory pools (CUDA graphs, docs/cuda.md). While a pool is active on
+ * a thread, that thread's allocations on the pool's device come from it;
+ * its blocks return to it when freed and serve only its own later requests;
+ * a shared-cache block freed while it is active is adopted by it. Any device
+ * (the CPU too). tt_mempool_free releases the cached blocks now and each
+ * block still in use when it is freed. The device's statistics include its
+ * pools. */
+typedef struct tt_mempool tt_mempool;
+tt_status tt_mempool_new(tt_device dev, tt_mempool **out);
+tt_status tt_mempool_begin(tt_mempool *pool);
+void tt_mempool_end(tt_mempool *pool);
+void tt_mempool_free(tt_mempool *pool);
+tt_status tt_mempool_stats(const tt_mempool *pool, tt_mem_stats *out);
+
+/* CUDA graphs: the kernels the calling thread queues on the device between
+ * begin and end are recorded, not run (allocations come from `pool`, which
+ * must outlive the graph), then replayed on the same addresses by
+ * tt_graph_replay. Work that needs the host to wait for the device (reading
+ * a value back, synchronizing, freeing device memory) cannot be captured:
+ * end then fails with TT_ERR_UNSUPPORTED and says why. The CPU has no graphs
+ * (TT_ERR_UNSUPPORTED). */
+typedef struct tt_graph tt_graph;
+tt_status tt_graph_capture_begin(tt_device dev, tt_mempool *pool);
+tt_status tt_graph_capture_end(tt_device dev, tt_graph **out);
+tt_status tt_graph_replay(tt_graph *g);
+/* Kernels, copies and other nodes the graph replays. */
+int64_t tt_graph_num_nodes(const tt_graph *g);
+void tt_graph_free(tt_graph *g);
 
 /* ---- tensors ---------------------------------------------------------- */
 tt_status tt_tensor_empty(int ndim, const int64_t *shape, int dtype, tt_device dev, tt_tensor **out);

@@ -8,10 +8,22 @@
  * next request of that class. Statistics match what PyTorch reports:
  * allocated (in use), reserved (in use + cached), peak, and counts of
  * requests, cache hits, retries after flushing the cache, and OOMs.
+ *
+ * Private pools (tt_mempool) serve CUDA-graph capture: a captured graph
+ * replays its kernels on the very addresses they saw, so every block
+ * allocated while the graph was captured must stay the graph's until the
+ * graph is gone. While a pool is active on a thread, that thread's
+ * allocations on the pool's device come from the pool; a block returns to
+ * the pool that owns it whenever it is freed (found by address), and is
+ * reused only by later allocations of the same pool. A block of the shared
+ * cache freed during the capture is adopted by the pool, since the captured
+ * kernels may still touch it on replay. The device's statistics include its
+ * pools; each pool also keeps its own.
  */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "internal.h"
@@ -24,12 +36,33 @@ typedef struct tt_block {
   void *ptr;
 } tt_block;
 
-typedef struct tt_pool {
-  pthread_mutex_t lock;
+/* Free lists by size class, and the node recycling they share. */
+typedef struct tt_cache {
   tt_block *free_list[TT_NUM_CLASSES];
   tt_block *spare; /* recycled list nodes, so caching itself never mallocs per call */
+} tt_cache;
+
+struct tt_mempool {
+  tt_device dev;
+  tt_cache cache;
   tt_mem_stats stats;
+  /* Every block the pool owns (in use or cached): an open-addressing set
+   * with linear probing, so a free finds its pool in O(1). */
+  void **owned;
+  size_t cap, count;
+  int closing; /* tt_mempool_free was called: blocks go back to the system as they come back */
+  struct tt_mempool *next;
+};
+
+typedef struct tt_pool {
+  pthread_mutex_t lock;
+  tt_cache cache;
+  tt_mem_stats stats;
+  tt_mempool *mempools; /* this device's private pools, alive or closing */
 } tt_pool;
+
+/* The private pool serving this thread's allocations (on its device). */
+static __thread tt_mempool *tt_active_mempool;
 
 static tt_pool tt_pools[1 + TT_MAX_CUDA_DEVICES];
 static pthread_once_t tt_pools_once = PTHREAD_ONCE_INIT;
@@ -61,24 +94,179 @@ static int tt_size_class(size_t n, size_t *rounded) {
   return cls < TT_NUM_CLASSES ? cls : -1; /* -1: too large to cache */
 }
 
-static void tt_pool_flush_locked(tt_pool *pool, tt_device dev, const tt_kernels *be) {
+static size_t tt_class_bytes(int c) {
+  if (c < 8) return (size_t)(c + 1) * 512;
+  int p = 12 + (c - 8) / 4, k = (c - 8) % 4 + 1;
+  return ((size_t)1 << p) + (size_t)k * (((size_t)1 << p) / 4);
+}
+
+/* Hands every cached block of `cache` back to the system; returns the bytes
+ * released. `each` (may be NULL) sees every block first. */
+static int64_t tt_cache_flush(tt_cache *cache, tt_device dev, const tt_kernels *be, void (*each)(void *, void *),
+                              void *arg) {
+  int64_t released = 0;
   for (int c = 0; c < TT_NUM_CLASSES; c++) {
-    while (pool->free_list[c]) {
-      tt_block *b = pool->free_list[c];
-      pool->free_list[c] = b->next;
-      size_t rounded;
-      /* class -> size: recompute from the class index */
-      if (c < 8) rounded = (size_t)(c + 1) * 512;
-      else {
-        int p = 12 + (c - 8) / 4, k = (c - 8) % 4 + 1;
-        rounded = ((size_t)1 << p) + (size_t)k * (((size_t)1 << p) / 4);
-      }
+    while (cache->free_list[c]) {
+      tt_block *b = cache->free_list[c];
+      cache->free_list[c] = b->next;
+      if (each) each(arg, b->ptr);
       if (be) be->mem_free(dev.index, b->ptr);
-      pool->stats.reserved -= (int64_t)rounded;
-      b->next = pool->spare;
-      pool->spare = b;
+      released += (int64_t)tt_class_bytes(c);
+      b->next = cache->spare;
+      cache->spare = b;
     }
   }
+  return released;
+}
+
+static void tt_pool_flush_locked(tt_pool *pool, tt_device dev, const tt_kernels *be) {
+  pool->stats.reserved -= tt_cache_flush(&pool->cache, dev, be, NULL, NULL);
+}
+
+/* Pop a cached block of class cls (NULL when none). */
+static void *tt_cache_take(tt_cache *cache, int cls) {
+  tt_block *b = cache->free_list[cls];
+  if (!b) return NULL;
+  cache->free_list[cls] = b->next;
+  b->next = cache->spare;
+  cache->spare = b;
+  return b->ptr;
+}
+
+/* Push a block; 0 when no list node could be had (the caller frees it). */
+static int tt_cache_put(tt_cache *cache, int cls, void *ptr) {
+  tt_block *b = cache->spare;
+  if (b) cache->spare = b->next;
+  else if (!(b = malloc(sizeof *b))) return 0; /* list nodes only, rare */
+  b->ptr = ptr;
+  b->next = cache->free_list[cls];
+  cache->free_list[cls] = b;
+  return 1;
+}
+
+/* ---- the owned-block set of a private pool --------------------------- */
+
+static size_t tt_ptr_hash(const void *p, size_t cap) {
+  uint64_t x = (uint64_t)(uintptr_t)p;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  return (size_t)x & (cap - 1);
+}
+
+static int tt_owned_has(const tt_mempool *mp, const void *p) {
+  if (!mp->cap) return 0;
+  for (size_t i = tt_ptr_hash(p, mp->cap);; i = (i + 1) & (mp->cap - 1)) {
+    if (mp->owned[i] == p) return 1;
+    if (!mp->owned[i]) return 0;
+  }
+}
+
+static int tt_owned_add(tt_mempool *mp, void *p) {
+  if ((mp->count + 1) * 2 > mp->cap) { /* keep the load under 1/2 */
+    size_t ncap = mp->cap ? mp->cap * 2 : 64;
+    void **n = calloc(ncap, sizeof *n);
+    if (!n) return 0;
+    for (size_t i = 0; i < mp->cap; i++) {
+      if (!mp->owned[i]) continue;
+      size_t j = tt_ptr_hash(mp->owned[i], ncap);
+      while (n[j]) j = (j + 1) & (ncap - 1);
+      n[j] = mp->owned[i];
+    }
+    free(mp->owned);
+    mp->owned = n;
+    mp->cap = ncap;
+  }
+  size_t i = tt_ptr_hash(p, mp->cap);
+  while (mp->owned[i]) i = (i + 1) & (mp->cap - 1);
+  mp->owned[i] = p;
+  mp->count++;
+  return 1;
+}
+
+/* Deletion by backward shift: no tombstones, so lookups stay short. */
+static void tt_owned_remove(tt_mempool *mp, const void *p) {
+  if (!mp->cap) return;
+  size_t i = tt_ptr_hash(p, mp->cap);
+  while (mp->owned[i] != p) {
+    if (!mp->owned[i]) return;
+    i = (i + 1) & (mp->cap - 1);
+  }
+  mp->owned[i] = NULL;
+  mp->count--;
+  for (size_t j = (i + 1) & (mp->cap - 1); mp->owned[j]; j = (j + 1) & (mp->cap - 1)) {
+    size_t h = tt_ptr_hash(mp->owned[j], mp->cap);
+    /* Move j back into the hole unless its home lies cyclically in (i, j]. */
+    int stays = i <= j ? (h > i && h <= j) : (h > i || h <= j);
+    if (!stays) {
+      mp->owned[i] = mp->owned[j];
+      mp->owned[j] = NULL;
+      i = j;
+    }
+  }
+}
+
+static tt_mempool *tt_mempool_owner_locked(tt_pool *pool, const void *p) {
+  for (tt_mempool *mp = pool->mempools; mp; mp = mp->next)
+    if (tt_owned_has(mp, p)) return mp;
+  return NULL;
+}
+
+static void tt_mempool_destroy_locked(tt_pool *pool, tt_mempool *mp) {
+  for (tt_mempool **pp = &pool->mempools; *pp; pp = &(*pp)->next)
+    if (*pp == mp) {
+      *pp = mp->next;
+      break;
+    }
+  for (tt_block *b = mp->cache.spare; b;) {
+    tt_block *n = b->next;
+    free(b);
+    b = n;
+  }
+  free(mp->owned);
+  free(mp);
+}
+
+static tt_status tt_oom(tt_device dev, size_t rounded, tt_mem_stats s) {
+  char nm[32];
+  return tt_error_set(TT_ERR_OOM,
+                      "out of memory on %s: tried to allocate %.2f MiB (allocated %.2f MiB, reserved %.2f MiB, "
+                      "peak %.2f MiB, %lld retries, %lld OOMs)",
+                      tt_device_name(dev, nm, sizeof nm), (double)rounded / 1048576.0,
+                      (double)s.allocated / 1048576.0, (double)s.reserved / 1048576.0,
+                      (double)s.peak_allocated / 1048576.0, (long long)s.num_alloc_retries, (long long)s.num_ooms);
+}
+
+static void tt_stats_alloc(tt_mem_stats *s, size_t rounded, int hit) {
+  s->num_allocs++;
+  if (hit) s->num_cache_hits++;
+  else s->reserved += (int64_t)rounded;
+  s->allocated += (int64_t)rounded;
+  if (s->allocated > s->peak_allocated) s->peak_allocated = s->allocated;
+}
+
+/* An allocation served by private pool mp (pool->lock held). No flush and
+ * retry: releasing memory synchronizes the device, which a capture forbids. */
+static tt_status tt_mempool_alloc_locked(tt_pool *pool, tt_mempool *mp, const tt_kernels *be, int cls,
+                                         size_t rounded, void **out) {
+  void *p = cls >= 0 ? tt_cache_take(&mp->cache, cls) : NULL;
+  int hit = p != NULL;
+  if (!p) {
+    tt_status st = be->mem_alloc(mp->dev.index, rounded, &p);
+    if (st != TT_OK || !p) {
+      pool->stats.num_ooms++;
+      mp->stats.num_ooms++;
+      return tt_oom(mp->dev, rounded, pool->stats);
+    }
+    if (!tt_owned_add(mp, p)) {
+      be->mem_free(mp->dev.index, p);
+      return tt_error_set(TT_ERR_OOM, "alloc: out of host memory for a private pool's block list");
+    }
+  }
+  tt_stats_alloc(&mp->stats, rounded, hit);
+  tt_stats_alloc(&pool->stats, rounded, hit);
+  *out = p;
+  return TT_OK;
 }
 
 tt_status tt_alloc_raw(tt_device dev, size_t nbytes, void **out) {
@@ -94,41 +282,46 @@ tt_status tt_alloc_raw(tt_device dev, size_t nbytes, void **out) {
   size_t rounded;
   int cls = tt_size_class(nbytes, &rounded);
   pthread_mutex_lock(&pool->lock);
-  pool->stats.num_allocs++;
-  if (cls >= 0 && pool->free_list[cls]) {
-    tt_block *b = pool->free_list[cls];
-    pool->free_list[cls] = b->next;
-    *out = b->ptr;
-    b->next = pool->spare;
-    pool->spare = b;
-    pool->stats.num_cache_hits++;
-  } else {
-    tt_status st = be->mem_alloc(dev.index, rounded, out);
-    if (st != TT_OK || !*out) {
+  tt_mempool *mp = tt_active_mempool;
+  if (mp && tt_same_device(mp->dev, dev)) {
+    tt_status st = tt_mempool_alloc_locked(pool, mp, be, cls, rounded, out);
+    pthread_mutex_unlock(&pool->lock);
+    return st;
+  }
+  void *p = cls >= 0 ? tt_cache_take(&pool->cache, cls) : NULL;
+  int hit = p != NULL;
+  if (!p) {
+    tt_status st = be->mem_alloc(dev.index, rounded, &p);
+    if (st != TT_OK || !p) {
       /* Cached blocks of other sizes may be what stands in the way. */
       pool->stats.num_alloc_retries++;
       tt_pool_flush_locked(pool, dev, be);
-      st = be->mem_alloc(dev.index, rounded, out);
+      st = be->mem_alloc(dev.index, rounded, &p);
     }
-    if (st != TT_OK || !*out) {
+    if (st != TT_OK || !p) {
       pool->stats.num_ooms++;
       tt_mem_stats s = pool->stats;
       pthread_mutex_unlock(&pool->lock);
-      char nm[32];
-      return tt_error_set(TT_ERR_OOM,
-                          "out of memory on %s: tried to allocate %.2f MiB (allocated %.2f MiB, reserved %.2f MiB, "
-                          "peak %.2f MiB, %lld retries, %lld OOMs)",
-                          tt_device_name(dev, nm, sizeof nm), (double)rounded / 1048576.0,
-                          (double)s.allocated / 1048576.0, (double)s.reserved / 1048576.0,
-                          (double)s.peak_allocated / 1048576.0, (long long)s.num_alloc_retries,
-                          (long long)s.num_ooms);
+      return tt_oom(dev, rounded, s);
     }
-    pool->stats.reserved += (int64_t)rounded;
   }
-  pool->stats.allocated += (int64_t)rounded;
-  if (pool->stats.allocated > pool->stats.peak_allocated) pool->stats.peak_allocated = pool->stats.allocated;
+  tt_stats_alloc(&pool->stats, rounded, hit);
+  *out = p;
   pthread_mutex_unlock(&pool->lock);
   return TT_OK;
+}
+
+/* A block of private pool mp comes back (pool->lock held). */
+static void tt_mempool_put_locked(tt_pool *pool, tt_mempool *mp, const tt_kernels *be, int cls, size_t rounded,
+                                  void *ptr) {
+  mp->stats.num_frees++;
+  mp->stats.allocated -= (int64_t)rounded;
+  if (!mp->closing && cls >= 0 && tt_cache_put(&mp->cache, cls, ptr)) return;
+  tt_owned_remove(mp, ptr);
+  be->mem_free(mp->dev.index, ptr);
+  mp->stats.reserved -= (int64_t)rounded;
+  pool->stats.reserved -= (int64_t)rounded;
+  if (mp->closing && mp->count == 0) tt_mempool_destroy_locked(pool, mp);
 }
 
 void tt_free_raw(tt_device dev, void *ptr, size_t nbytes) {
@@ -141,19 +334,86 @@ void tt_free_raw(tt_device dev, void *ptr, size_t nbytes) {
   pthread_mutex_lock(&pool->lock);
   pool->stats.num_frees++;
   pool->stats.allocated -= (int64_t)rounded;
-  tt_block *b = pool->spare;
-  if (cls >= 0 && !b) b = malloc(sizeof *b); /* list nodes only, rare */
-  else if (b) pool->spare = b->next;
-  if (cls >= 0 && b) {
-    b->ptr = ptr;
-    b->next = pool->free_list[cls];
-    pool->free_list[cls] = b;
-  } else {
-    if (b) { b->next = pool->spare; pool->spare = b; }
+  tt_mempool *mp = pool->mempools ? tt_mempool_owner_locked(pool, ptr) : NULL;
+  if (mp) {
+    tt_mempool_put_locked(pool, mp, be, cls, rounded, ptr);
+    pthread_mutex_unlock(&pool->lock);
+    return;
+  }
+  tt_mempool *active = tt_active_mempool;
+  if (active && tt_same_device(active->dev, dev) && tt_owned_add(active, ptr)) {
+    /* Freed during a capture: the captured kernels may still use it on replay. */
+    active->stats.reserved += (int64_t)rounded;
+    active->stats.allocated += (int64_t)rounded;
+    tt_mempool_put_locked(pool, active, be, cls, rounded, ptr);
+    active->stats.num_frees--; /* adopted, not a free of the pool's own */
+    pthread_mutex_unlock(&pool->lock);
+    return;
+  }
+  if (!(cls >= 0 && tt_cache_put(&pool->cache, cls, ptr))) {
     be->mem_free(dev.index, ptr);
     pool->stats.reserved -= (int64_t)rounded;
   }
   pthread_mutex_unlock(&pool->lock);
+}
+
+/* ---- private pools ------------------------------------------------------ */
+
+tt_status tt_mempool_new(tt_device dev, tt_mempool **out) {
+  *out = NULL;
+  tt_pool *pool = tt_pool_of(dev);
+  char nm[32];
+  if (!pool || !tt_backend(dev))
+    return tt_error_set(TT_ERR_DEVICE, "mempool_new: device %s is not available in this build or machine",
+                        tt_device_name(dev, nm, sizeof nm));
+  tt_mempool *mp = calloc(1, sizeof *mp);
+  if (!mp) return tt_error_set(TT_ERR_OOM, "mempool_new: out of host memory");
+  mp->dev = dev;
+  pthread_mutex_lock(&pool->lock);
+  mp->next = pool->mempools;
+  pool->mempools = mp;
+  pthread_mutex_unlock(&pool->lock);
+  *out = mp;
+  return TT_OK;
+}
+
+tt_status tt_mempool_begin(tt_mempool *mp) {
+  if (tt_active_mempool && tt_active_mempool != mp)
+    return tt_error_set(TT_ERR_INVALID, "mempool_begin: another private pool is already active on this thread");
+  if (mp->closing) return tt_error_set(TT_ERR_INVALID, "mempool_begin: the pool was freed");
+  tt_active_mempool = mp;
+  return TT_OK;
+}
+
+void tt_mempool_end(tt_mempool *mp) {
+  if (tt_active_mempool == mp) tt_active_mempool = NULL;
+}
+
+static void tt_mempool_forget(void *mp, void *ptr) { tt_owned_remove(mp, ptr); }
+
+void tt_mempool_free(tt_mempool *mp) {
+  if (!mp) return;
+  tt_mempool_end(mp);
+  tt_pool *pool = tt_pool_of(mp->dev);
+  pthread_mutex_lock(&pool->lock);
+  int64_t released = tt_cache_flush(&mp->cache, mp->dev, tt_backend(mp->dev), tt_mempool_forget, mp);
+  mp->stats.reserved -= released;
+  pool->stats.reserved -= released;
+  mp->closing = 1;
+  /* Blocks still in use (a graph's outputs someone holds) go back to the
+   * system when they are freed; the last one takes the pool with it. */
+  if (mp->count == 0) tt_mempool_destroy_locked(pool, mp);
+  pthread_mutex_unlock(&pool->lock);
+}
+
+tt_device tt_mempool_device(const tt_mempool *mp) { return mp->dev; }
+
+tt_status tt_mempool_stats(const tt_mempool *mp, tt_mem_stats *out) {
+  tt_pool *pool = tt_pool_of(mp->dev);
+  pthread_mutex_lock(&pool->lock);
+  *out = mp->stats;
+  pthread_mutex_unlock(&pool->lock);
+  return TT_OK;
 }
 
 tt_status tt_memory_stats(tt_device dev, tt_mem_stats *out) {

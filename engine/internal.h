@@ -21,6 +21,8 @@ const char *tt_device_name(tt_device dev, char *buf, size_t len);
 /* Caching allocator (alloc.c): per device, size-bucketed free lists. */
 tt_status tt_alloc_raw(tt_device dev, size_t nbytes, void **out);
 void tt_free_raw(tt_device dev, void *ptr, size_t nbytes);
+/* The device a private pool serves. */
+tt_device tt_mempool_device(const tt_mempool *pool);
 
 /* Tensors (tensor.c). */
 tt_status tt_tensor_new_view(const tt_tensor *base, int ndim, const int64_t *shape, const int64_t *strides,

@@ -27,6 +27,14 @@ typedef struct tt_kernels {
   /* kind: 0 host->device, 1 device->host, 2 device->device */
   tt_status (*mem_copy)(int device, void *dst, const void *src, size_t nbytes, int kind);
   tt_status (*synchronize)(int device);
+  /* -- graphs (NULL where the backend has none): capture the kernels the
+   *    calling thread queues on the device, then replay them -- */
+  tt_status (*graph_begin)(int device);
+  /* *graph: an executable graph; *nodes: how many nodes it replays. A
+   * capture that failed ends here too (the device leaves capture mode). */
+  tt_status (*graph_end)(int device, void **graph, int64_t *nodes);
+  tt_status (*graph_launch)(int device, void *graph);
+  void (*graph_free)(int device, void *graph);
 
   /* -- data movement -- */
   /* dst[idx] = (dst_dtype) src[idx] over an ndim index space. */

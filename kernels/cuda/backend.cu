@@ -62,7 +62,10 @@ static tt_status tt_cuda_streams_init(int device) {
 
 tt_status tt_cuda_select(int device, cudaStream_t *stream) {
   if (device < 0 || device >= TT_CUDA_MAX_DEVICES) return tt_cuda_streams_init(device);
-  TT_CUDA_CHECK(cudaSetDevice(device));
+  /* Every op selects its device: ask first, and switch only when it differs
+   * (cudaGetDevice is a cheap thread-local read, also during graph capture). */
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != device) TT_CUDA_CHECK(cudaSetDevice(device));
   tt_status st = tt_cuda_streams_init(device);
   if (st != TT_OK) return st;
   *stream = tt_cuda_devs[device].compute;
@@ -138,7 +141,13 @@ static tt_status tt_cuda_mem_alloc(int device, size_t nbytes, void **out) {
   tt_status st = tt_cuda_select(device, &s);
   if (st != TT_OK) return st;
   *out = NULL;
+  /* cudaMalloc queues nothing on a stream, so it is safe while the compute
+   * stream is being captured (the block joins the graph's private pool);
+   * the thread-local capture mode would refuse it, so relax it for the call. */
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
   cudaError_t err = cudaMalloc(out, nbytes);
+  cudaThreadExchangeStreamCaptureMode(&mode);
   if (err != cudaSuccess) {
     st = tt_cuda_fail(err, "cudaMalloc", __FILE__, __LINE__);
     if (st == TT_ERR_OOM)
@@ -189,6 +198,10 @@ static tt_kernels tt_cuda_table_make(void) {
   k.mem_free = tt_cuda_mem_free;
   k.mem_copy = tt_cuda_mem_copy;
   k.synchronize = tt_cuda_synchronize;
+  k.graph_begin = tt_cuda_graph_begin;
+  k.graph_end = tt_cuda_graph_end;
+  k.graph_launch = tt_cuda_graph_launch;
+  k.graph_free = tt_cuda_graph_free;
   k.copy = tt_cuda_copy;
   k.fill = tt_cuda_fill;
   k.arange = tt_cuda_arange;

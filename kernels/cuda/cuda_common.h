@@ -30,6 +30,12 @@ const char *tt_cuda_info_impl(void);
 void *tt_cuda_stream(int device);
 void *tt_cuda_comm_stream(int device);
 
+/* graph.cu: stream capture and replay. */
+tt_status tt_cuda_graph_begin(int device);
+tt_status tt_cuda_graph_end(int device, void **graph, int64_t *nodes);
+tt_status tt_cuda_graph_launch(int device, void *graph);
+void tt_cuda_graph_free(int device, void *graph);
+
 /* Table entries defined in copy.cu and gemm.cu. */
 tt_status tt_cuda_copy(int ndim, const int64_t *shape, int src_dtype, const void *src, const int64_t *src_strides,
                        int dst_dtype, void *dst, const int64_t *dst_strides);

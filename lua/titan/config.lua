@@ -51,6 +51,7 @@ M.defaults = {
     mixed_precision_reduce = "float32", -- dtype gradients are reduced in across ranks (float32)
     threads = -1,           -- -1: OMP_NUM_THREADS or all cores
     shuffle = true,
+    cuda_graphs = false,    -- replay each micro-batch's forward + backward from a captured CUDA graph (cuda only)
   },
   validation = {
     enable = false,

@@ -72,6 +72,8 @@ function titan.memory_stats(device)
     num_ooms = tonumber(stats.num_ooms),
   }
 end
+-- Wait until everything queued on the device has run.
+function titan.synchronize(device) tffi.check(C.tt_device_synchronize(tensor.device_of(device or "cpu")), 2) end
 function titan.reset_peak_memory(device) C.tt_memory_reset_peak(tensor.device_of(device)) end
 function titan.empty_cache(device) C.tt_memory_empty_cache(tensor.device_of(device)) end
 

@@ -81,12 +81,19 @@ function AdamW:step()
   end
 end
 
-function AdamW:zero_grad()
+-- opts.set_to_none (default true) frees the gradients, as PyTorch does;
+-- false zeroes them in place (a CUDA graph keeps accumulating into them).
+function AdamW:zero_grad(opts)
+  local to_none = not opts or opts.set_to_none ~= false
   for _, e in ipairs(self.params) do
     local p = e.param
     if p.grad then
-      p.grad:free()
-      p.grad = nil
+      if to_none then
+        p.grad:free()
+        p.grad = nil
+      else
+        p.grad:zero_()
+      end
     end
   end
 end

@@ -28,29 +28,43 @@ function M.loss_fn(logits, targets, ctx)
   return F.cross_entropy(logits:reshape(-1, V), targets:reshape(-1), { num_tokens = ctx.num_tokens })
 end
 
--- One optimizer step's worth of forward/backward: every micro-batch runs
--- inside its own scope, so activations are released as soon as its backward
--- is done; gradients accumulate in the parameters' .grad.
-function M.train_step(tr, step)
+-- The micro-batches of one optimizer step, and the real tokens in them.
+function M.next_batches(tr)
   local batches, num_tokens = {}, 0
   for i = 1, tr.grad_accum do
     batches[i] = tr.data.train:next()
     num_tokens = num_tokens + (batches[i].num_tokens or batches[i].targets:numel())
   end
-  local ctx = { num_tokens = num_tokens, step = step, trainer = tr }
+  return batches, num_tokens
+end
+
+-- Forward and backward of one micro-batch; returns its loss tensor.
+function M.forward_backward(tr, b, ctx)
+  local logits = tr.model(b.inputs)
+  local loss = tr.loss_fn(logits, b.targets, ctx)
+  loss:backward()
+  return loss
+end
+
+-- The micro-batches, eagerly: every one runs inside its own scope, so
+-- activations are released as soon as its backward is done; gradients
+-- accumulate in the parameters' .grad. Returns the summed loss.
+function M.run_micro_batches(tr, batches, ctx)
   local loss_sum = 0
   for i, b in ipairs(batches) do
-    loss_sum = loss_sum + titan.scope(function()
-      local logits = tr.model(b.inputs)
-      local loss = tr.loss_fn(logits, b.targets, ctx)
-      loss:backward()
-      return loss:item()
-    end)
+    loss_sum = loss_sum + titan.scope(function() return M.forward_backward(tr, b, ctx):item() end)
     b.inputs:free()
     b.targets:free()
     batches[i] = nil
   end
-  return loss_sum, num_tokens
+  return loss_sum
+end
+
+-- One optimizer step's worth of forward/backward.
+function M.train_step(tr, step)
+  local batches, num_tokens = M.next_batches(tr)
+  local ctx = { num_tokens = num_tokens, step = step, trainer = tr }
+  return M.run_micro_batches(tr, batches, ctx), num_tokens
 end
 
 -- ---- the trainer --------------------------------------------------------------
@@ -134,6 +148,7 @@ function M.new(cfg, opts)
   self.schedule = lr_scheduler.new(cfg.lr_scheduler, t.steps)
   self.loss_fn = cfg.loss_fn or M.loss_fn
   self.train_step = cfg.train_step or M.train_step
+  if t.cuda_graphs then require("titan.graph_step").enable(self, cfg) end
 
   -- Metrics.
   mkdir_p(cfg.job.dump_folder)
@@ -218,7 +233,8 @@ function Trainer:train(until_step)
     local loss, ntok = self:train_step(step)
     local grad_norm = optim.clip_grad_norm(params, t.max_norm)
     self.optimizer:step()
-    self.optimizer:zero_grad()
+    -- A captured graph accumulates into these very buffers: zero, keep them.
+    self.optimizer:zero_grad({ set_to_none = self.graph_state == nil })
     self.step = step
     losses[#losses + 1] = loss
     self.logger:add_tokens(ntok / self.world)
@@ -242,6 +258,7 @@ function Trainer:train(until_step)
 end
 
 function Trainer:close()
+  if self.graph_state then require("titan.graph_step").release(self) end
   self.checkpoint:close()
   self.logger:close()
 end

@@ -1,0 +1,131 @@
+-- graph_step.lua — the trainer's default step, replayed from a CUDA graph
+-- (training.cuda_graphs = true).
+--
+-- A small model's step is thousands of short kernels, and launching them
+-- one by one from Lua costs more than running them. Here the forward and
+-- backward of one micro-batch are captured once into a CUDA graph; every
+-- micro-batch after that is a copy of its tokens into the graph's static
+-- inputs and one replay, which accumulates into the same .grad buffers as
+-- the eager step. Clipping and the optimizer step run eagerly after it.
+--
+--   step 1            eager: cuDNN plans, cuBLASLt algorithms and .grad
+--                     buffers are created (none of that can be captured)
+--   step 2            capture, then replay every micro-batch
+--   later steps       replay
+-- A micro-batch whose shapes (or the step's token count, which the loss
+-- divides by) differ from the captured ones runs eagerly, as does every
+-- step when the capture was impossible — each said once on the log.
+-- What the loss function reads from its ctx besides num_tokens (ctx.step)
+-- is frozen at the captured step; a recipe's own train_step is never
+-- captured.
+local titan = require("titan")
+local memory = require("titan.memory")
+local cuda_graph = require("titan.cuda_graph")
+
+local M = {}
+
+local function signature(b, num_tokens)
+  return ("%s %s | %s %s | %d"):format(table.concat(b.inputs:shape(), "x"), b.inputs:dtype(),
+    table.concat(b.targets:shape(), "x"), b.targets:dtype(), num_tokens)
+end
+
+local function say_once(gs, key, line)
+  if gs.said[key] then return end
+  gs.said[key] = true
+  gs.print("trainer: cuda graphs: " .. line)
+end
+
+local function capture(tr, gs, b, ctx, sig)
+  -- The eager step's activations, cached by the shared allocator, would
+  -- otherwise sit beside the graph's own pool for the rest of the run.
+  titan.empty_cache(tr.device)
+  gs.inputs = memory.keep(b.inputs:clone())
+  gs.targets = memory.keep(b.targets:clone())
+  local frozen = { num_tokens = ctx.num_tokens, step = ctx.step, trainer = tr }
+  local static = { inputs = gs.inputs, targets = gs.targets }
+  local trainer = require("titan.trainer")
+  local g, why = cuda_graph.capture(tr.device, function()
+    return { loss = trainer.forward_backward(tr, static, frozen) }
+  end)
+  if not g then
+    gs.failed = true
+    gs.inputs:free(); gs.targets:free()
+    gs.inputs, gs.targets = nil, nil
+    say_once(gs, "failed", "capture impossible, training eagerly: " .. why)
+    return
+  end
+  gs.graph, gs.sig = g, sig
+  local pool = g:memory_stats()
+  say_once(gs, "captured", ("captured forward + backward of one micro-batch (%s): %d nodes, %.1f MiB private pool")
+    :format(sig, g.num_nodes, pool.reserved / 2 ^ 20))
+end
+
+-- Replays every micro-batch; returns the summed loss (one read-back for the
+-- whole step, summed in the eager step's order).
+local function replay(gs, batches)
+  local g, n = gs.graph, #batches
+  return titan.scope(function()
+    local losses
+    for i, b in ipairs(batches) do
+      gs.inputs:copy_(b.inputs)
+      gs.targets:copy_(b.targets)
+      b.inputs:free()
+      b.targets:free()
+      batches[i] = nil
+      g:replay()
+      local loss = g.outputs.loss
+      losses = losses or titan.empty({ n }, { dtype = loss:dtype(), device = loss:device() })
+      losses:narrow(1, i, 1):copy_(loss:reshape(1))
+    end
+    local sum = 0
+    for _, v in ipairs(losses:tolist_flat()) do sum = sum + v end
+    return sum
+  end)
+end
+
+-- The train_step the trainer calls.
+function M.step(tr, step)
+  local trainer = require("titan.trainer")
+  local gs = tr.graph_state
+  local batches, num_tokens = trainer.next_batches(tr)
+  local ctx = { num_tokens = num_tokens, step = step, trainer = tr }
+  local sig = signature(batches[1], num_tokens)
+  for i = 2, #batches do
+    if signature(batches[i], num_tokens) ~= sig then sig = "mixed" end
+  end
+  if not gs.graph and not gs.failed and sig ~= "mixed" then
+    if gs.warm ~= sig then
+      gs.warm = sig -- this step runs eagerly and prepares what capture cannot create
+    else
+      capture(tr, gs, batches[1], ctx, sig)
+    end
+  end
+  if gs.graph and sig == gs.sig then return replay(gs, batches), num_tokens end
+  if gs.graph then
+    say_once(gs, "other", ("step %d's batches (%s) differ from the captured ones (%s): such steps run eagerly")
+      :format(step, sig, gs.sig))
+  end
+  return trainer.run_micro_batches(tr, batches, ctx), num_tokens
+end
+
+-- Called by the trainer when training.cuda_graphs is on.
+function M.enable(tr, cfg)
+  local say = function(line) tr.print("trainer: cuda graphs: " .. line) end
+  if cfg.train_step then
+    say("the recipe replaces train_step, which is never captured: training eagerly")
+  elseif not tr.device:match("^cuda") and not cuda_graph.emulate then
+    say(("they need a cuda device (training.device = %s): training eagerly"):format(tr.device))
+  else
+    tr.graph_state = { said = {}, print = tr.print }
+    tr.train_step = M.step
+  end
+end
+
+function M.release(tr)
+  local gs = tr.graph_state
+  if gs.graph then gs.graph:free() end
+  if gs.inputs then gs.inputs:free(); gs.targets:free() end
+  gs.graph, gs.inputs, gs.targets = nil, nil, nil
+end
+
+return M
