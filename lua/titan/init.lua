@@ -37,6 +37,7 @@ for _, name in ipairs({ "add", "sub", "mul", "div", "maximum", "minimum", "scale
   titan[name] = ops[name]
 end
 
+titan.set_default_cuda = tensor.set_default_cuda -- what "cuda" names (default: cuda:<local rank>)
 titan.scope = memory.scope
 titan.keep = memory.keep
 titan.no_grad = autograd.no_grad

@@ -43,11 +43,30 @@ function M.dtype_name(d) return ffi.string(C.tt_dtype_name(d)) end
 
 local device_t = ffi.typeof("tt_device")
 
+-- "cuda" is this process's GPU: cuda:(local rank mod visible devices), the
+-- local rank coming from the launcher (LOCAL_RANK as torchrun sets it, Open
+-- MPI's OMPI_COMM_WORLD_LOCAL_RANK, Slurm's SLURM_LOCALID), so every rank of
+-- a host lands on its own GPU, also when each rank sees only its own one.
+-- M.set_default_cuda(n) overrides it.
+local default_cuda
+function M.local_cuda_index(getenv, count)
+  local v = getenv("LOCAL_RANK") or getenv("OMPI_COMM_WORLD_LOCAL_RANK") or getenv("SLURM_LOCALID")
+  local lr = tonumber(v or "0")
+  if not lr or lr < 0 or lr % 1 ~= 0 then
+    error(("the local rank '%s' (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK or SLURM_LOCALID) is not a number >= 0"):format(v), 0)
+  end
+  return count > 0 and lr % count or 0
+end
+function M.default_cuda()
+  return default_cuda or M.local_cuda_index(os.getenv, C.tt_cuda_device_count())
+end
+function M.set_default_cuda(n) default_cuda = n end
+
 function M.device_of(spec)
   if spec == nil or spec == "cpu" then return device_t(C.TT_CPU, 0) end
   if ffi.istype(device_t, spec) then return spec end
   if spec == "meta" then return device_t(C.TT_META, 0) end
-  if spec == "cuda" then return device_t(C.TT_CUDA, 0) end
+  if spec == "cuda" then return device_t(C.TT_CUDA, M.default_cuda()) end
   local idx = type(spec) == "string" and spec:match("^cuda:(%d+)$")
   if idx then return device_t(C.TT_CUDA, tonumber(idx)) end
   error("unknown device '" .. tostring(spec) .. "'; expected cpu, meta, cuda or cuda:N", 3)
