@@ -250,6 +250,13 @@ tt_status tt_op_rmsnorm(const tt_tensor *x, const tt_tensor *weight, double eps,
 /* dx written (allocated when NULL); dweight accumulated when non-NULL. */
 tt_status tt_op_rmsnorm_backward(const tt_tensor *x, const tt_tensor *weight, const tt_tensor *rstd,
                                  const tt_tensor *dy, tt_tensor **dx, tt_tensor *dweight);
+/* The same with dx += instead of dx = (onto a gradient already waiting for x). */
+tt_status tt_op_rmsnorm_backward_acc(const tt_tensor *x, const tt_tensor *weight, const tt_tensor *rstd,
+                                     const tt_tensor *dy, tt_tensor *dx, tt_tensor *dweight);
+/* The residual add fused into the norm: h = x + residual, y = rmsnorm(h)
+ * (bit-identical to the two ops apart); rstd as tt_op_rmsnorm's, of h. */
+tt_status tt_op_add_rmsnorm(const tt_tensor *x, const tt_tensor *residual, const tt_tensor *weight, double eps,
+                            tt_tensor **h, tt_tensor **y, tt_tensor **rstd);
 
 /* cos/sin tables [max_seq, head_dim/2] (f32) for rotary embeddings, with the
  * Llama 3.1 frequency scaling when scale_factor > 1 (else plain RoPE). */

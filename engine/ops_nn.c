@@ -107,34 +107,79 @@ tt_status tt_op_rmsnorm(const tt_tensor *x, const tt_tensor *weight, double eps,
   return st;
 }
 
-tt_status tt_op_rmsnorm_backward(const tt_tensor *x, const tt_tensor *weight, const tt_tensor *rstd,
-                                 const tt_tensor *dy, tt_tensor **dx, tt_tensor *dweight) {
+tt_status tt_op_add_rmsnorm(const tt_tensor *x, const tt_tensor *residual, const tt_tensor *weight, double eps,
+                            tt_tensor **h, tt_tensor **y, tt_tensor **rstd) {
+  const char *op = "add_rmsnorm";
+  TT_TRY(tt_chk_norm(op, x, weight));
+  TT_TRY(tt_chk_same_shape(op, "x", x, "residual", residual));
+  TT_TRY(tt_chk_same_dtype(op, "x", x, "residual", residual));
+  TT_TRY(tt_chk_same_device(op, "x", x, "residual", residual));
+  TT_TRY(tt_chk_contig(op, "residual", residual));
+  if (!(eps >= 0)) return tt_error_set(TT_ERR_INVALID, "%s: eps must be >= 0, got %g", op, eps);
+  int64_t dim = x->shape[x->ndim - 1], rows = dim ? tt_tensor_numel(x) / dim : 0;
+  int f0 = 0, f1 = 0, f2 = 0;
+  TT_TRY(tt_out_prepare(op, "h", h, x->ndim, x->shape, x->dtype, x->device, &f0));
+  tt_status st = tt_out_prepare(op, "y", y, x->ndim, x->shape, x->dtype, x->device, &f1);
+  if (st == TT_OK) st = tt_out_prepare(op, "rstd", rstd, x->ndim - 1, x->shape, tt_stat_dtype(x->dtype), x->device, &f2);
+  if (st == TT_OK && x->device.type != TT_META) {
+    const tt_kernels *be = tt_backend(x->device);
+    if (!be || !be->add_rmsnorm) st = tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented on this device", op);
+    else
+      st = tt_kernel_check(be->add_rmsnorm(x->dtype, rows, dim, eps, tt_tensor_data(x), tt_tensor_data(residual),
+                                           tt_tensor_data(weight), tt_tensor_data(*h), tt_tensor_data(*y),
+                                           tt_tensor_data(*rstd)), op, be, x->dtype);
+  }
+  if (st != TT_OK) {
+    tt_out_discard(h, f0);
+    tt_out_discard(y, f1);
+    tt_out_discard(rstd, f2);
+  }
+  return st;
+}
+
+/* The backward's checks and kernel call; dx is given (acc: accumulated onto). */
+static tt_status tt_rmsnorm_backward_run(const char *op, const tt_tensor *x, const tt_tensor *weight,
+                                         const tt_tensor *rstd, const tt_tensor *dy, tt_tensor **dx,
+                                         tt_tensor *dweight, int acc) {
   char s1[96], s2[96];
-  TT_TRY(tt_chk_norm("rmsnorm_backward", x, weight));
-  TT_TRY(tt_chk_same_shape("rmsnorm_backward", "x", x, "dy", dy));
-  TT_TRY(tt_chk_same_dtype("rmsnorm_backward", "x", x, "dy", dy));
-  TT_TRY(tt_chk_contig("rmsnorm_backward", "dy", dy));
+  TT_TRY(tt_chk_norm(op, x, weight));
+  TT_TRY(tt_chk_same_shape(op, "x", x, "dy", dy));
+  TT_TRY(tt_chk_same_dtype(op, "x", x, "dy", dy));
+  TT_TRY(tt_chk_contig(op, "dy", dy));
   int64_t dim = x->shape[x->ndim - 1], rows = dim ? tt_tensor_numel(x) / dim : 0;
   if (rstd->dtype != tt_stat_dtype(x->dtype) || tt_tensor_numel(rstd) != rows)
-    return tt_error_set(TT_ERR_SHAPE, "rmsnorm_backward: rstd %s does not hold one statistic per row of x %s",
-                        SHP(rstd, s1), SHP(x, s2));
+    return tt_error_set(TT_ERR_SHAPE, "%s: rstd %s does not hold one statistic per row of x %s", op, SHP(rstd, s1),
+                        SHP(x, s2));
   if (dweight) {
-    TT_TRY(tt_chk_same_shape("rmsnorm_backward", "weight", weight, "dweight", dweight));
-    TT_TRY(tt_chk_same_dtype("rmsnorm_backward", "weight", weight, "dweight", dweight));
-    TT_TRY(tt_chk_contig("rmsnorm_backward", "dweight", dweight));
+    TT_TRY(tt_chk_same_shape(op, "weight", weight, "dweight", dweight));
+    TT_TRY(tt_chk_same_dtype(op, "weight", weight, "dweight", dweight));
+    TT_TRY(tt_chk_contig(op, "dweight", dweight));
   }
   int fresh = 0;
-  TT_TRY(tt_out_prepare("rmsnorm_backward", "dx", dx, x->ndim, x->shape, x->dtype, x->device, &fresh));
+  TT_TRY(tt_out_prepare(op, "dx", dx, x->ndim, x->shape, x->dtype, x->device, &fresh));
   if (x->device.type == TT_META) return TT_OK;
   const tt_kernels *be = tt_backend(x->device);
   tt_status st;
   if (!be || !be->rmsnorm_backward)
-    st = tt_error_set(TT_ERR_UNSUPPORTED, "rmsnorm_backward: not implemented on this device");
+    st = tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented on this device", op);
   else
-    st = tt_kernel_check(be->rmsnorm_backward(x->dtype, rows, dim, tt_tensor_data(x), tt_tensor_data(weight), tt_tensor_data(rstd),
-                              tt_tensor_data(dy), tt_tensor_data(*dx), dweight ? tt_tensor_data(dweight) : NULL), "rmsnorm_backward", be, x->dtype);
+    st = tt_kernel_check(be->rmsnorm_backward(x->dtype, rows, dim, tt_tensor_data(x), tt_tensor_data(weight),
+                                              tt_tensor_data(rstd), tt_tensor_data(dy), tt_tensor_data(*dx),
+                                              dweight ? tt_tensor_data(dweight) : NULL, acc),
+                         op, be, x->dtype);
   if (st != TT_OK) tt_out_discard(dx, fresh);
   return st;
+}
+
+tt_status tt_op_rmsnorm_backward(const tt_tensor *x, const tt_tensor *weight, const tt_tensor *rstd,
+                                 const tt_tensor *dy, tt_tensor **dx, tt_tensor *dweight) {
+  return tt_rmsnorm_backward_run("rmsnorm_backward", x, weight, rstd, dy, dx, dweight, 0);
+}
+
+tt_status tt_op_rmsnorm_backward_acc(const tt_tensor *x, const tt_tensor *weight, const tt_tensor *rstd,
+                                     const tt_tensor *dy, tt_tensor *dx, tt_tensor *dweight) {
+  if (!dx) return tt_error_set(TT_ERR_INVALID, "rmsnorm_backward_acc: dx (the gradient to accumulate onto) is NULL");
+  return tt_rmsnorm_backward_run("rmsnorm_backward_acc", x, weight, rstd, dy, &dx, dweight, 1);
 }
 
 /* ---- RoPE ------------------------------------------------------------- */

@@ -99,9 +99,14 @@ typedef struct tt_kernels {
                                   const int64_t *ids, void *dweight);
   tt_status (*rmsnorm)(int dtype, int64_t rows, int64_t dim, double eps, const void *x, const void *w, void *y,
                        void *rstd);
-  /* dw (may be NULL) accumulates. */
+  /* h = x + res (rounded to dtype), then y = rmsnorm(h): the residual add
+   * fused into the norm's first pass. */
+  tt_status (*add_rmsnorm)(int dtype, int64_t rows, int64_t dim, double eps, const void *x, const void *res,
+                           const void *w, void *h, void *y, void *rstd);
+  /* dw (may be NULL) accumulates; dx is written, or accumulated onto when
+   * dx_accumulate (a gradient already waiting for x). */
   tt_status (*rmsnorm_backward)(int dtype, int64_t rows, int64_t dim, const void *x, const void *w,
-                                const void *rstd, const void *dy, void *dx, void *dw);
+                                const void *rstd, const void *dy, void *dx, void *dw, int dx_accumulate);
   /* cos/sin: [max_seq, head_dim/2] of `dtype` (f32 or f64). */
   tt_status (*rope_table)(int dtype, int64_t head_dim, int64_t max_seq, double theta, double scale_factor,
                           double low_freq_factor, double high_freq_factor, int64_t original_max_seq, void *cos,

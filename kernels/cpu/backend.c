@@ -56,6 +56,7 @@ static const tt_kernels tt_cpu_table = {
     .embedding = tt_cpu_embedding,
     .embedding_backward = tt_cpu_embedding_backward,
     .rmsnorm = tt_cpu_rmsnorm,
+    .add_rmsnorm = tt_cpu_add_rmsnorm,
     .rmsnorm_backward = tt_cpu_rmsnorm_backward,
     .rope_table = tt_cpu_rope_table,
     .rope = tt_cpu_rope,

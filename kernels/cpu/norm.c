@@ -1,7 +1,9 @@
 /*
  * norm.c — RMSNorm over the last dim, forward and backward (CPU).
  *
- * y = x * rstd * w with rstd = 1/sqrt(mean(x^2) + eps). The sum of squares
+ * y = x * rstd * w with rstd = 1/sqrt(mean(x^2) + eps); add_rmsnorm first
+ * forms the residual sum h = x + res in the same pass (one read of h saved
+ * per norm of a transformer block). The sum of squares
  * and the backward's row dot product are accumulated in double even for f32
  * input: it costs one conversion per element and keeps the statistic exact
  * enough at any width. Each body is written once as a macro and stamped out
@@ -32,12 +34,31 @@
     }                                                                                                                 \
   }                                                                                                                   \
                                                                                                                       \
+  /* h = x + res, then the same as rmsnorm_##SFX on h: bit-identical to the add and the norm run apart. */           \
+  static void add_rmsnorm_##SFX(int64_t rows, int64_t dim, double eps, const T *restrict x, const T *restrict res,    \
+                                const T *restrict w, T *restrict h, T *restrict y, T *restrict rstd) {                \
+    int par = rows > 1 && rows * dim >= NORM_PAR_MIN;                                                                 \
+    _Pragma("omp parallel for schedule(static) if (par)") for (int64_t r = 0; r < rows; r++) {                        \
+      const T *xr = x + r * dim, *rr = res + r * dim;                                                                 \
+      T *hr = h + r * dim, *yr = y + r * dim;                                                                         \
+      double ss = 0;                                                                                                  \
+      _Pragma("omp simd reduction(+ : ss)") for (int64_t j = 0; j < dim; j++) {                                       \
+        T v = xr[j] + rr[j];                                                                                          \
+        hr[j] = v;                                                                                                    \
+        ss += (double)v * v;                                                                                          \
+      }                                                                                                               \
+      T rs = (T)(1.0 / sqrt(ss / (double)dim + eps));                                                                 \
+      rstd[r] = rs;                                                                                                   \
+      for (int64_t j = 0; j < dim; j++) yr[j] = hr[j] * rs * w[j];                                                    \
+    }                                                                                                                 \
+  }                                                                                                                   \
+                                                                                                                      \
   /* dx = rstd * (w*dy - x * rstd^2 * sum(dy*w*x) / dim); dw += sum over rows of dy * x * rstd.                       \
    * dx is parallel over rows; dw over column blocks, each column summed over all rows in row order                   \
    * (in double), so dw is bit-identical whatever the thread count and needs no scratch memory. */                    \
   static void rmsnorm_backward_##SFX(int64_t rows, int64_t dim, const T *restrict x, const T *restrict w,             \
                                      const T *restrict rstd, const T *restrict dy, T *restrict dx,                    \
-                                     T *restrict dw) {                                                                \
+                                     T *restrict dw, int acc) {                                                       \
     int64_t nblocks = (dim + NORM_DW_BLOCK - 1) / NORM_DW_BLOCK;                                                      \
     int par = (rows > 1 || nblocks > 1) && rows * dim >= NORM_PAR_MIN;                                                \
     _Pragma("omp parallel if (par)") {                                                                                \
@@ -49,7 +70,10 @@
             (double)dyr[j] * w[j] * xr[j];                                                                            \
         double rs = (double)rstd[r];                                                                                  \
         T a = (T)rs, c = (T)(rs * rs * rs * dot / (double)dim);                                                       \
-        for (int64_t j = 0; j < dim; j++) dxr[j] = a * w[j] * dyr[j] - xr[j] * c;                                     \
+        if (acc)                                                                                                      \
+          for (int64_t j = 0; j < dim; j++) dxr[j] = dxr[j] + (a * w[j] * dyr[j] - xr[j] * c);                        \
+        else                                                                                                          \
+          for (int64_t j = 0; j < dim; j++) dxr[j] = a * w[j] * dyr[j] - xr[j] * c;                                   \
       }                                                                                                               \
       if (dw) {                                                                                                       \
         _Pragma("omp for schedule(static)") for (int64_t b = 0; b < nblocks; b++) {                                   \
@@ -80,11 +104,20 @@ tt_status tt_cpu_rmsnorm(int dtype, int64_t rows, int64_t dim, double eps, const
   }
 }
 
-tt_status tt_cpu_rmsnorm_backward(int dtype, int64_t rows, int64_t dim, const void *x, const void *w,
-                                  const void *rstd, const void *dy, void *dx, void *dw) {
+tt_status tt_cpu_add_rmsnorm(int dtype, int64_t rows, int64_t dim, double eps, const void *x, const void *res,
+                             const void *w, void *h, void *y, void *rstd) {
   switch (dtype) {
-  case TT_F32: rmsnorm_backward_f32(rows, dim, x, w, rstd, dy, dx, dw); return TT_OK;
-  case TT_F64: rmsnorm_backward_f64(rows, dim, x, w, rstd, dy, dx, dw); return TT_OK;
+  case TT_F32: add_rmsnorm_f32(rows, dim, eps, x, res, w, h, y, rstd); return TT_OK;
+  case TT_F64: add_rmsnorm_f64(rows, dim, eps, x, res, w, h, y, rstd); return TT_OK;
+  default: return TT_ERR_DTYPE;
+  }
+}
+
+tt_status tt_cpu_rmsnorm_backward(int dtype, int64_t rows, int64_t dim, const void *x, const void *w,
+                                  const void *rstd, const void *dy, void *dx, void *dw, int dx_accumulate) {
+  switch (dtype) {
+  case TT_F32: rmsnorm_backward_f32(rows, dim, x, w, rstd, dy, dx, dw, dx_accumulate); return TT_OK;
+  case TT_F64: rmsnorm_backward_f64(rows, dim, x, w, rstd, dy, dx, dw, dx_accumulate); return TT_OK;
   default: return TT_ERR_DTYPE;
   }
 }

@@ -223,6 +223,7 @@ static tt_kernels tt_cuda_table_make(void) {
   k.embedding = tt_cuda_embedding;
   k.embedding_backward = tt_cuda_embedding_backward;
   k.rmsnorm = tt_cuda_rmsnorm;
+  k.add_rmsnorm = tt_cuda_add_rmsnorm;
   k.rmsnorm_backward = tt_cuda_rmsnorm_backward;
   k.rope_table = tt_cuda_rope_table;
   k.rope = tt_cuda_rope;

@@ -81,8 +81,10 @@ tt_status tt_cuda_embedding_backward(int dtype, int64_t n_ids, int64_t dim, int6
 /* norm.cu */
 tt_status tt_cuda_rmsnorm(int dtype, int64_t rows, int64_t dim, double eps, const void *x, const void *w, void *y,
                           void *rstd);
+tt_status tt_cuda_add_rmsnorm(int dtype, int64_t rows, int64_t dim, double eps, const void *x, const void *res,
+                              const void *w, void *h, void *y, void *rstd);
 tt_status tt_cuda_rmsnorm_backward(int dtype, int64_t rows, int64_t dim, const void *x, const void *w,
-                                   const void *rstd, const void *dy, void *dx, void *dw);
+                                   const void *rstd, const void *dy, void *dx, void *dw, int dx_accumulate);
 /* rope.cu */
 tt_status tt_cuda_rope_table(int dtype, int64_t head_dim, int64_t max_seq, double theta, double scale_factor,
                              double low_freq_factor, double high_freq_factor, int64_t original_max_seq, void *cos,

@@ -1,7 +1,10 @@
 /*
  * norm.cu — RMSNorm over the last dim, forward and backward.
  *
- * y = x * rstd * w with rstd = 1/sqrt(mean(x^2) + eps). One warp per row up
+ * y = x * rstd * w with rstd = 1/sqrt(mean(x^2) + eps); add_rmsnorm forms the
+ * residual sum h = x + res in the first pass and normalizes it (the add
+ * kernel's rounding, so the pair is bit-identical to running them apart);
+ * the backward may accumulate dx onto a waiting gradient. One warp per row up
  * to 1024 elements, one block per row above; rows are read in 16-byte
  * chunks (kernel_util.cuh) twice — once for the statistic, once for the
  * output — the second time from L1/L2. As on the CPU the sum of squares and
@@ -18,9 +21,13 @@
  */
 #include "kernel_util.cuh"
 
-template <int DT, int G>
+/* RES: h = x + res first (rounded to the storage type, as the add kernel
+ * would store it), written out, and normalized in place of x; the second
+ * pass reads back the h this thread wrote. */
+template <int DT, int G, bool RES>
 __global__ void tt_rmsnorm_kernel(int64_t rows, int64_t dim, double eps, const typename tt_ft<DT>::S *__restrict__ x,
-                                  const typename tt_ft<DT>::S *__restrict__ w, typename tt_ft<DT>::S *__restrict__ y,
+                                  const typename tt_ft<DT>::S *__restrict__ res, const typename tt_ft<DT>::S *__restrict__ w,
+                                  typename tt_ft<DT>::S *__restrict__ h, typename tt_ft<DT>::S *__restrict__ y,
                                   typename tt_ft<DT>::C *__restrict__ rstd) {
   typedef typename tt_ft<DT>::C C;
   constexpr int V = 16 / sizeof(typename tt_ft<DT>::S);
@@ -30,12 +37,21 @@ __global__ void tt_rmsnorm_kernel(int64_t rows, int64_t dim, double eps, const t
   for (int64_t r = (int64_t)blockIdx.x * PER + threadIdx.x / G; r < rows; r += (int64_t)gridDim.x * PER) {
     const typename tt_ft<DT>::S *xr = x + r * dim;
     typename tt_ft<DT>::S *yr = y + r * dim;
-    const bool vec = tt_al16(xr) && tt_al16(yr) && tt_al16(w);
+    const typename tt_ft<DT>::S *rr = RES ? res + r * dim : NULL;
+    typename tt_ft<DT>::S *hr = RES ? h + r * dim : NULL;
+    const bool vec = tt_al16(xr) && tt_al16(yr) && tt_al16(w) && (!RES || (tt_al16(rr) && tt_al16(hr)));
     double ss = 0.0;
     for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
       int64_t cnt = dim - e < V ? dim - e : V;
       C c[V];
       tt_ld_chunk<DT>(xr, e, cnt, vec, c);
+      if (RES) {
+        C rv[V];
+        tt_ld_chunk<DT>(rr, e, cnt, vec, rv);
+#pragma unroll
+        for (int k = 0; k < V; k++) c[k] = tt_ft<DT>::ld(tt_ft<DT>::st(tt_add(c[k], rv[k])));
+        tt_st_chunk<DT>(hr, e, cnt, vec, c);
+      }
 #pragma unroll
       for (int k = 0; k < V; k++)
         if (k < cnt) ss = tt_add(ss, tt_mul((double)c[k], (double)c[k]));
@@ -46,7 +62,7 @@ __global__ void tt_rmsnorm_kernel(int64_t rows, int64_t dim, double eps, const t
     for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
       int64_t cnt = dim - e < V ? dim - e : V;
       C c[V], wv[V];
-      tt_ld_chunk<DT>(xr, e, cnt, vec, c);
+      tt_ld_chunk<DT>(RES ? hr : xr, e, cnt, vec, c);
       tt_ld_chunk<DT>(w, e, cnt, vec, wv);
 #pragma unroll
       for (int k = 0; k < V; k++) c[k] = tt_mul(tt_mul(c[k], rs), wv[k]);
@@ -60,7 +76,8 @@ template <int DT, int G>
 __global__ void tt_rmsnorm_dx_kernel(int64_t rows, int64_t dim, const typename tt_ft<DT>::S *__restrict__ x,
                                      const typename tt_ft<DT>::S *__restrict__ w,
                                      const typename tt_ft<DT>::C *__restrict__ rstd,
-                                     const typename tt_ft<DT>::S *__restrict__ dy, typename tt_ft<DT>::S *__restrict__ dx) {
+                                     const typename tt_ft<DT>::S *__restrict__ dy, typename tt_ft<DT>::S *__restrict__ dx,
+                                     bool acc) {
   typedef typename tt_ft<DT>::C C;
   constexpr int V = 16 / sizeof(typename tt_ft<DT>::S);
   constexpr int PER = TT_CUDA_THREADS / G;
@@ -92,6 +109,12 @@ __global__ void tt_rmsnorm_dx_kernel(int64_t rows, int64_t dim, const typename t
       tt_ld_chunk<DT>(w, e, cnt, vec, wv);
 #pragma unroll
       for (int k = 0; k < V; k++) xv[k] = tt_sub(tt_mul(tt_mul(a, wv[k]), gv[k]), tt_mul(xv[k], cc));
+      if (acc) { /* onto the gradient already waiting for x, rounded once */
+        C old[V];
+        tt_ld_chunk<DT>(dr, e, cnt, vec, old);
+#pragma unroll
+        for (int k = 0; k < V; k++) xv[k] = tt_add(old[k], xv[k]);
+      }
       tt_st_chunk<DT>(dr, e, cnt, vec, xv);
     }
   }
@@ -131,28 +154,36 @@ __global__ void tt_rmsnorm_dw_final(int64_t dim, int64_t R, const double *__rest
   }
 }
 
-template <int DT>
-static tt_status tt_rmsnorm_launch(int64_t rows, int64_t dim, double eps, const void *x, const void *w, void *y,
-                                   void *rstd) {
+template <int DT, bool RES>
+static void tt_rmsnorm_go(cudaStream_t s, int64_t rows, int64_t dim, double eps, const void *x, const void *res,
+                          const void *w, void *h, void *y, void *rstd) {
   typedef typename tt_ft<DT>::S S;
   typedef typename tt_ft<DT>::C C;
+  if (dim <= 1024)
+    tt_rmsnorm_kernel<DT, 32, RES><<<tt_cuda_group_blocks(rows, 32), TT_CUDA_THREADS, 0, s>>>(
+        rows, dim, eps, (const S *)x, (const S *)res, (const S *)w, (S *)h, (S *)y, (C *)rstd);
+  else
+    tt_rmsnorm_kernel<DT, TT_CUDA_THREADS, RES><<<tt_cuda_group_blocks(rows, TT_CUDA_THREADS), TT_CUDA_THREADS, 0, s>>>(
+        rows, dim, eps, (const S *)x, (const S *)res, (const S *)w, (S *)h, (S *)y, (C *)rstd);
+}
+
+/* res == NULL: plain RMSNorm; else h = x + res is formed and normalized. */
+template <int DT>
+static tt_status tt_rmsnorm_launch(int64_t rows, int64_t dim, double eps, const void *x, const void *res, const void *w,
+                                   void *h, void *y, void *rstd) {
   int device;
   cudaStream_t s;
   tt_status st = tt_cuda_current(&device, &s);
   if (st != TT_OK) return st;
-  if (dim <= 1024)
-    tt_rmsnorm_kernel<DT, 32><<<tt_cuda_group_blocks(rows, 32), TT_CUDA_THREADS, 0, s>>>(
-        rows, dim, eps, (const S *)x, (const S *)w, (S *)y, (C *)rstd);
-  else
-    tt_rmsnorm_kernel<DT, TT_CUDA_THREADS><<<tt_cuda_group_blocks(rows, TT_CUDA_THREADS), TT_CUDA_THREADS, 0, s>>>(
-        rows, dim, eps, (const S *)x, (const S *)w, (S *)y, (C *)rstd);
+  if (res) tt_rmsnorm_go<DT, true>(s, rows, dim, eps, x, res, w, h, y, rstd);
+  else tt_rmsnorm_go<DT, false>(s, rows, dim, eps, x, NULL, w, NULL, y, rstd);
   TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_kernel");
   return TT_OK;
 }
 
 template <int DT>
 static tt_status tt_rmsnorm_backward_launch(int64_t rows, int64_t dim, const void *x, const void *w, const void *rstd,
-                                            const void *dy, void *dx, void *dw) {
+                                            const void *dy, void *dx, void *dw, int acc) {
   typedef typename tt_ft<DT>::S S;
   typedef typename tt_ft<DT>::C C;
   int device;
@@ -161,10 +192,10 @@ static tt_status tt_rmsnorm_backward_launch(int64_t rows, int64_t dim, const voi
   if (st != TT_OK) return st;
   if (dim <= 1024)
     tt_rmsnorm_dx_kernel<DT, 32><<<tt_cuda_group_blocks(rows, 32), TT_CUDA_THREADS, 0, s>>>(
-        rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx);
+        rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0);
   else
     tt_rmsnorm_dx_kernel<DT, TT_CUDA_THREADS><<<tt_cuda_group_blocks(rows, TT_CUDA_THREADS), TT_CUDA_THREADS, 0, s>>>(
-        rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx);
+        rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0);
   TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dx_kernel");
   if (!dw) return TT_OK;
   /* R row chunks: about 256k (chunk, column) threads, chunks of at least 32
@@ -198,17 +229,27 @@ extern "C" tt_status tt_cuda_rmsnorm(int dtype, int64_t rows, int64_t dim, doubl
   if (rows <= 0) {
     if (dtype == TT_F32 || dtype == TT_F64 || dtype == TT_BF16 || dtype == TT_F16) return TT_OK;
   } else {
-    TT_FLOAT_DISPATCH(dtype, tt_rmsnorm_launch, rows, dim, eps, x, w, y, rstd)
+    TT_FLOAT_DISPATCH(dtype, tt_rmsnorm_launch, rows, dim, eps, x, (const void *)NULL, w, (void *)NULL, y, rstd)
   }
   return tt_error_set(TT_ERR_DTYPE, "cuda rmsnorm: dtype %d not supported (f32, f64, bf16, f16)", dtype);
 }
 
+extern "C" tt_status tt_cuda_add_rmsnorm(int dtype, int64_t rows, int64_t dim, double eps, const void *x,
+                                         const void *res, const void *w, void *h, void *y, void *rstd) {
+  if (rows <= 0) {
+    if (dtype == TT_F32 || dtype == TT_F64 || dtype == TT_BF16 || dtype == TT_F16) return TT_OK;
+  } else {
+    TT_FLOAT_DISPATCH(dtype, tt_rmsnorm_launch, rows, dim, eps, x, res, w, h, y, rstd)
+  }
+  return tt_error_set(TT_ERR_DTYPE, "cuda add_rmsnorm: dtype %d not supported (f32, f64, bf16, f16)", dtype);
+}
+
 extern "C" tt_status tt_cuda_rmsnorm_backward(int dtype, int64_t rows, int64_t dim, const void *x, const void *w,
-                                              const void *rstd, const void *dy, void *dx, void *dw) {
+                                              const void *rstd, const void *dy, void *dx, void *dw, int dx_accumulate) {
   if (rows <= 0 || dim <= 0) {
     if (dtype == TT_F32 || dtype == TT_F64 || dtype == TT_BF16 || dtype == TT_F16) return TT_OK;
   } else {
-    TT_FLOAT_DISPATCH(dtype, tt_rmsnorm_backward_launch, rows, dim, x, w, rstd, dy, dx, dw)
+    TT_FLOAT_DISPATCH(dtype, tt_rmsnorm_backward_launch, rows, dim, x, w, rstd, dy, dx, dw, dx_accumulate)
   }
   return tt_error_set(TT_ERR_DTYPE, "cuda rmsnorm_backward: dtype %d not supported (f32, f64, bf16, f16)", dtype);
 }

@@ -90,8 +90,19 @@ function Block:init(a, opts)
   self.feed_forward = FeedForward(a, opts)
 end
 function Block:forward(x, rope)
-  local h = x + self.attention(self.attention_norm(x), rope)
-  return h + self.feed_forward(self.ffn_norm(h))
+  local h, f = self:forward_parts(x, nil, rope)
+  return h + f
+end
+
+-- The block with its residual adds fused into the norms that read them:
+-- the input is x + prev (prev: the previous block's feed-forward output,
+-- nil for the first block), and it returns the residual h and its own
+-- feed-forward output, which the next norm adds.
+function Block:forward_parts(x, prev, rope)
+  local xn
+  if prev then x, xn = self.attention_norm:add_forward(x, prev) else xn = self.attention_norm(x) end
+  local h, hn = self.ffn_norm:add_forward(x, self.attention(xn, rope))
+  return h, self.feed_forward(hn)
 end
 
 local Transformer = nn.Module:extend("Llama3")
@@ -131,8 +142,14 @@ end
 function Transformer:forward(ids)
   local h = self.tok_embeddings(ids)
   local rope = self:rope_tables(ids:size(2))
-  for i = 0, self.args.n_layers - 1 do h = self.layers[tostring(i)](h, rope) end
-  h = self.norm(h)
+  local f
+  for i = 0, self.args.n_layers - 1 do h, f = self.layers[tostring(i)]:forward_parts(h, f, rope) end
+  if f then
+    local _
+    _, h = self.norm:add_forward(h, f)
+  else
+    h = self.norm(h)
+  end
   local w = self.output and self.output.weight or self.tok_embeddings.weight
   return F.linear(h, w)
 end

@@ -93,6 +93,16 @@ function Ctx:accum(i)
   return t.grad
 end
 
+-- The gradient already waiting for intermediate input i (another consumer's
+-- backward ran first), or nil. A backward may accumulate into it in place
+-- and return nil for i: the memory pass of a separate add is saved. It is
+-- packed and owned by the tape, as every pending gradient.
+function Ctx:pending_grad(i)
+  local t = self.node.inputs[i]
+  if type(t) ~= "table" or not t._node or not t.requires_grad then return nil end
+  return self._pending[t._node]
+end
+
 function Ctx:saved(i) return self.node.saved[i] end
 
 local function topo_order(root_node)
@@ -164,7 +174,7 @@ function M.backward(root, grad, opts)
         end
         pending[node] = nil
         holder[g] = nil
-        local ctx = setmetatable({ node = node }, Ctx)
+        local ctx = setmetatable({ node = node, _pending = pending }, Ctx)
         local grads = node.backward(ctx, g) or {}
         for i = 1, node.n do
           local gi, inp = grads[i], node.inputs[i]

@@ -97,30 +97,56 @@ function M.embedding(weight, ids)
   return out
 end
 
+-- The tape node of y = rms_norm(x, weight) (rstd: the forward's statistic).
+-- dx goes straight onto a gradient already waiting for x when there is one:
+-- in a transformer block x is the residual stream, whose other consumer's
+-- gradient arrives first.
+local function record_rms_norm(y, x, weight, rstd)
+  record("rms_norm", y, { x, weight }, 2, function(ctx, g)
+    local xs, ws, rs = ctx:saved(1), ctx:saved(2), ctx:saved(3)
+    local gc = g:is_contiguous() and g or g:clone()
+    local gw
+    local acc = ctx:accum(2)
+    if not acc and ctx:needs(2) then
+      gw = tensor.zeros(ws:shape(), { dtype = ws:dtype(), device = ws:device() })
+      acc = gw
+    end
+    local waiting = ctx:needs(1) and ctx:pending_grad(1)
+    local gx
+    if waiting then
+      check(C.tt_op_rmsnorm_backward_acc(xs._c, ws._c, rs._c, gc._c, waiting._c, acc and acc._c or nil))
+    else
+      o1[0] = nil
+      check(C.tt_op_rmsnorm_backward(xs._c, ws._c, rs._c, gc._c, o1, acc and acc._c or nil))
+      gx = wrap(o1[0])
+      if not ctx:needs(1) then gx:free(); gx = nil end
+    end
+    if gc ~= g then gc:free() end
+    return { gx, gw }
+  end, { x, weight, rstd })
+end
+
 function M.rms_norm(x, weight, eps)
   o1[0], o2[0] = nil, nil
   check(C.tt_op_rmsnorm(cptr(x), cptr(weight), eps or 1e-6, o1, o2), 2)
   local y, rstd = wrap(o1[0]), wrap(o2[0])
-  if needs(x, weight) then
-    record("rms_norm", y, { x, weight }, 2, function(ctx, g)
-      local xs, ws, rs = ctx:saved(1), ctx:saved(2), ctx:saved(3)
-      local gc = g:is_contiguous() and g or g:clone()
-      local gw
-      local acc = ctx:accum(2)
-      if not acc and ctx:needs(2) then
-        gw = tensor.zeros(ws:shape(), { dtype = ws:dtype(), device = ws:device() })
-        acc = gw
-      end
-      o1[0] = nil
-      check(C.tt_op_rmsnorm_backward(xs._c, ws._c, rs._c, gc._c, o1, acc and acc._c or nil))
-      local gx = wrap(o1[0])
-      if gc ~= g then gc:free() end
-      if not ctx:needs(1) then gx:free(); gx = nil end
-      return { gx, gw }
-    end, { x, weight, rstd })
-  end
+  if needs(x, weight) then record_rms_norm(y, x, weight, rstd) end
   rstd:free()
   return y
+end
+
+-- h = x + residual and y = rms_norm(h, weight) in one pass over memory;
+-- returns h, y. The tape holds what the two ops apart would record.
+function M.add_rms_norm(x, residual, weight, eps)
+  o1[0], o2[0], o3[0] = nil, nil, nil
+  check(C.tt_op_add_rmsnorm(cptr(x), cptr(residual), cptr(weight), eps or 1e-6, o1, o2, o3), 2)
+  local h, y, rstd = wrap(o1[0]), wrap(o2[0]), wrap(o3[0])
+  if needs(x, residual) then
+    record("add", h, { x, residual }, 2, function(_, g) return { g, g } end)
+  end
+  if needs(h, weight) then record_rms_norm(y, h, weight, rstd) end
+  rstd:free()
+  return h, y
 end
 
 -- Precomputed rotary tables: {cos = [max_seq, head_dim/2], sin = ...}.

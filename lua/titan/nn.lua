@@ -349,6 +349,9 @@ function RMSNorm:reset_parameters() self.weight:fill_(1) end
 
 function RMSNorm:forward(x) return F.rms_norm(x, self.weight, self.eps) end
 
+-- h = x + residual and the norm of h, fused (F.add_rms_norm): returns h, norm(h).
+function RMSNorm:add_forward(x, residual) return F.add_rms_norm(x, residual, self.weight, self.eps) end
+
 function RMSNorm:extra_repr() return ("%d, eps=%g"):format(self.dim, self.eps) end
 
 return M

@@ -1,7 +1,8 @@
 /*
  * test_norm.c — RMSNorm forward/backward against a plain double reference,
  * finite-difference gradients in f64, dw accumulation, thread-count
- * determinism.
+ * determinism; the fused residual add (bit-identical to add + norm) and the
+ * backward accumulating dx onto a waiting gradient.
  */
 #include <math.h>
 #include <omp.h>
@@ -65,13 +66,13 @@ static void check_values(int64_t rows, int64_t dim) {
   CHECK(tt_test_rel_err_f64(y, ry, n) < 1e-13, "f64 y rows %ld dim %ld err %g", (long)rows, (long)dim,
         tt_test_rel_err_f64(y, ry, n));
   CHECK(tt_test_rel_err_f64(rstd, rrstd, rows) < 1e-13, "f64 rstd rows %ld dim %ld", (long)rows, (long)dim);
-  CHECK(tt_cpu_rmsnorm_backward(TT_F64, rows, dim, x, w, rstd, dy, dx, dw) == TT_OK, "f64 backward");
+  CHECK(tt_cpu_rmsnorm_backward(TT_F64, rows, dim, x, w, rstd, dy, dx, dw, 0) == TT_OK, "f64 backward");
   CHECK(tt_test_rel_err_f64(dx, rdx, n) < 1e-12, "f64 dx rows %ld dim %ld err %g", (long)rows, (long)dim,
         tt_test_rel_err_f64(dx, rdx, n));
   CHECK(tt_test_rel_err_f64(dw, rdw, dim) < 1e-12, "f64 dw rows %ld dim %ld err %g", (long)rows, (long)dim,
         tt_test_rel_err_f64(dw, rdw, dim));
   nan_f64(dx, n);
-  CHECK(tt_cpu_rmsnorm_backward(TT_F64, rows, dim, x, w, rstd, dy, dx, NULL) == TT_OK, "f64 backward dw NULL");
+  CHECK(tt_cpu_rmsnorm_backward(TT_F64, rows, dim, x, w, rstd, dy, dx, NULL, 0) == TT_OK, "f64 backward dw NULL");
   CHECK(tt_test_rel_err_f64(dx, rdx, n) < 1e-12, "f64 dx (dw NULL)");
 
   /* f32: inputs rounded to f32, reference in double on the rounded values. */
@@ -88,7 +89,7 @@ static void check_values(int64_t rows, int64_t dim) {
   CHECK(tt_test_rel_err_f64(y, ry, n) < 1e-6, "f32 y rows %ld dim %ld err %g", (long)rows, (long)dim,
         tt_test_rel_err_f64(y, ry, n));
   CHECK(tt_test_rel_err_f64(rstd, rrstd, rows) < 1e-6, "f32 rstd rows %ld dim %ld", (long)rows, (long)dim);
-  CHECK(tt_cpu_rmsnorm_backward(TT_F32, rows, dim, xf, wf, rstdf, dyf, dxf, dwf) == TT_OK, "f32 backward");
+  CHECK(tt_cpu_rmsnorm_backward(TT_F32, rows, dim, xf, wf, rstdf, dyf, dxf, dwf, 0) == TT_OK, "f32 backward");
   to_f64(dxf, dx, n); to_f64(dwf, dw, dim);
   /* At dim 1, y = sign(x) w up to eps: dx is the cancellation of two O(1)
    * terms, so the f32 rounding of rstd alone costs ~1e-2 of it. */
@@ -140,7 +141,7 @@ static void check_gradients(int64_t rows, int64_t dim) {
   loss_of(rows, dim, x, w, g, y, rstd);
   nan_f64(dx, n);
   memcpy(dw, dw0, dim * sizeof *dw);
-  tt_cpu_rmsnorm_backward(TT_F64, rows, dim, x, w, rstd, g, dx, dw);
+  tt_cpu_rmsnorm_backward(TT_F64, rows, dim, x, w, rstd, g, dx, dw, 0);
   CHECK(tt_test_rel_err_f64(dx, fdx, n) < 1e-7, "fd dx rows %ld dim %ld err %g", (long)rows, (long)dim,
         tt_test_rel_err_f64(dx, fdx, n));
   CHECK(tt_test_rel_err_f64(dw, fdw, dim) < 1e-7, "fd dw rows %ld dim %ld err %g", (long)rows, (long)dim,
@@ -163,7 +164,7 @@ static void check_determinism(void) {
     dx[k] = falloc(n); dw[k] = falloc(dim);
     omp_set_num_threads(k + 1);
     tt_cpu_rmsnorm(TT_F32, rows, dim, EPS, x, w, y[k], rstd[k]);
-    tt_cpu_rmsnorm_backward(TT_F32, rows, dim, x, w, rstd[k], dy, dx[k], dw[k]);
+    tt_cpu_rmsnorm_backward(TT_F32, rows, dim, x, w, rstd[k], dy, dx[k], dw[k], 0);
   }
   omp_set_num_threads(saved);
   for (int k = 1; k < 3; k++) {
@@ -175,6 +176,41 @@ static void check_determinism(void) {
   free(x); free(w); free(dy);
 }
 
+/* add_rmsnorm == (h = x + r; rmsnorm(h)) bit for bit; backward with dx
+ * accumulation == dx0 + the written dx (f64: exactly up to one rounding). */
+static void check_fused(int64_t rows, int64_t dim) {
+  int64_t n = rows * dim;
+  float *x = calloc(n, 4), *r = calloc(n, 4), *w = calloc(dim, 4), *h = calloc(n, 4), *y = calloc(n, 4),
+        *rs = calloc(rows, 4), *h2 = calloc(n, 4), *y2 = calloc(n, 4), *rs2 = calloc(rows, 4);
+  tt_test_fill_f32(x, n, 1.0);
+  tt_test_fill_f32(r, n, 1.0);
+  tt_test_fill_f32(w, dim, 1.0);
+  CHECK(tt_cpu_add_rmsnorm(TT_F32, rows, dim, EPS, x, r, w, h, y, rs) == TT_OK, "f32 add_rmsnorm");
+  for (int64_t i = 0; i < n; i++) h2[i] = x[i] + r[i];
+  tt_cpu_rmsnorm(TT_F32, rows, dim, EPS, h2, w, y2, rs2);
+  CHECK(memcmp(h, h2, n * 4) == 0, "fused h == x + r (%lld x %lld)", (long long)rows, (long long)dim);
+  CHECK(memcmp(y, y2, n * 4) == 0, "fused y == rmsnorm(x + r) bit for bit (%lld x %lld)", (long long)rows,
+        (long long)dim);
+  CHECK(memcmp(rs, rs2, rows * 4) == 0, "fused rstd == rmsnorm's");
+
+  double *xd = calloc(n, 8), *wd = calloc(dim, 8), *rsd = calloc(rows, 8), *yd = calloc(n, 8), *dy = calloc(n, 8),
+         *dx = calloc(n, 8), *acc = calloc(n, 8), *dw = calloc(dim, 8), *dw2 = calloc(dim, 8);
+  tt_test_fill_f64(xd, n, 1.0);
+  tt_test_fill_f64(wd, dim, 1.0);
+  tt_test_fill_f64(dy, n, 1.0);
+  tt_test_fill_f64(acc, n, 1.0);
+  tt_cpu_rmsnorm(TT_F64, rows, dim, EPS, xd, wd, yd, rsd);
+  tt_cpu_rmsnorm_backward(TT_F64, rows, dim, xd, wd, rsd, dy, dx, dw, 0);
+  double *want = calloc(n, 8);
+  for (int64_t i = 0; i < n; i++) want[i] = acc[i] + dx[i];
+  CHECK(tt_cpu_rmsnorm_backward(TT_F64, rows, dim, xd, wd, rsd, dy, acc, dw2, 1) == TT_OK, "f64 backward, accumulate");
+  double err = tt_test_rel_err_f64(acc, want, n);
+  CHECK(err <= 1e-15, "dx accumulated onto the waiting gradient: rel err %g", err);
+  CHECK(memcmp(dw, dw2, dim * 8) == 0, "dw unaffected by dx accumulation");
+  free(x); free(r); free(w); free(h); free(y); free(rs); free(h2); free(y2); free(rs2);
+  free(xd); free(wd); free(rsd); free(yd); free(dy); free(dx); free(acc); free(dw); free(dw2); free(want);
+}
+
 int main(void) {
   const int64_t rows[] = {1, 5, 64}, dims[] = {1, 3, 17, 256, 768};
   for (int r = 0; r < 3; r++)
@@ -184,8 +220,13 @@ int main(void) {
   check_gradients(3, 7);
   check_gradients(4, 130); /* crosses a dw column block */
   check_determinism();
+  /* last: the checks above are tuned to the inputs the shared random stream gives them */
+  check_fused(1, 1);
+  check_fused(5, 17);
+  check_fused(64, 768);
+  check_fused(700, 300);
   double z = 0;
   CHECK(tt_cpu_rmsnorm(TT_BF16, 1, 1, EPS, &z, &z, &z, &z) == TT_ERR_DTYPE, "bf16 refused");
-  CHECK(tt_cpu_rmsnorm_backward(TT_I64, 1, 1, &z, &z, &z, &z, &z, NULL) == TT_ERR_DTYPE, "i64 refused");
+  CHECK(tt_cpu_rmsnorm_backward(TT_I64, 1, 1, &z, &z, &z, &z, &z, NULL, 0) == TT_ERR_DTYPE, "i64 refused");
   return tt_test_summary("test_norm");
 }

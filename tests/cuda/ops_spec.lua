@@ -394,6 +394,37 @@ describe("cuda ops: rmsnorm", function()
         H.check(gdw, rdw, H.tol(dt, 4), what .. " dweight (accumulated)")
       end
     end))
+
+    it("add_rmsnorm (h = x + residual, then the norm) equals the two ops on the device, bit for bit; "
+      .. "backward accumulating dx (" .. dt .. ")", H.scoped(function()
+      for k, rd in ipairs({ { 1, 256 }, { 7, 100 }, { 4096, 256 }, { 64, 4096 }, { 3, 8192 } }) do
+        local rows, dim = rd[1], rd[2]
+        local x, r = H.randn({ rows, dim }, 40 + k, dt, 3), H.randn({ rows, dim }, 50 + k, dt)
+        local w = H.randn({ dim }, 60 + k, dt, 0.5, 1)
+        local what = ("add_rmsnorm %dx%d %s"):format(rows, dim, dt)
+        local dx_, dr_, dw_ = dev(x), dev(r), dev(w)
+        local h, y, rstd = poison({ rows, dim }, dt), poison({ rows, dim }, dt), poison({ rows }, stat_dtype(dt))
+        run(what, { h, y, rstd }, function(o1, o2, o3)
+          return C.tt_op_add_rmsnorm(dx_._c, dr_._c, dw_._c, 1e-5, o1, o2, o3)
+        end)
+        local h2 = dx_ + dr_
+        H.check_exact(h, h2, what .. " h")
+        local b1, b2 = box(), box()
+        ok(C.tt_op_rmsnorm(h2._c, dw_._c, 1e-5, b1, b2), what .. " apart")
+        local y2, r2 = take(b1), take(b2)
+        H.check_exact(y, y2, what .. " y")
+        H.check_exact(rstd, r2, what .. " rstd")
+        -- dx += the backward, onto a waiting gradient
+        local dy, acc0 = H.randn({ rows, dim }, 70 + k, dt), H.randn({ rows, dim }, 80 + k, dt)
+        local rdx = ref(what .. " backward", 1, function(o)
+          return C.tt_op_rmsnorm_backward(f64(h2)._c, f64(w)._c, f64(r2)._c, f64(dy)._c, o, nil)
+        end)
+        local want = rdx + f64(acc0)
+        local acc = dev(acc0)
+        ok(C.tt_op_rmsnorm_backward_acc(h2._c, dw_._c, r2._c, dev(dy)._c, acc._c, nil), what .. " backward_acc")
+        H.check(acc, want, H.tol(dt, 2), what .. " dx accumulated")
+      end
+    end))
   end
 end)
 

@@ -364,6 +364,24 @@ describe("nn primitives", function()
     end
   end)
 
+  it("add_rms_norm equals the add and the norm apart, bit for bit, with their gradients", function()
+    for _, shape in ipairs({ { 1, 1 }, { 3, 5 }, { 2, 3, 17 } }) do
+      local x, r, w = leaf(shape, 15), leaf(shape, 16), leaf({ shape[#shape] }, 17)
+      local h, y = F.add_rms_norm(x, r, w, 1e-6)
+      local h2 = x + r
+      assert.are.same(h2:tolist_flat(), h:tolist_flat())
+      assert.are.same(F.rms_norm(h2, w, 1e-6):tolist_flat(), y:tolist_flat())
+      -- both outputs used (the norm's dx lands on h's waiting gradient), and the norm alone
+      assert_grads(function(a, b, c) local hh, yy = F.add_rms_norm(a, b, c, 1e-6); return hh * yy end, { x, r, w },
+        "add_rms_norm (h * y)")
+      assert_grads(function(a, b, c) local _, yy = F.add_rms_norm(a, b, c, 1e-6); return yy end, { x, r, w },
+        "add_rms_norm (y)")
+    end
+    local ok, err = pcall(F.add_rms_norm, leaf({ 2, 4 }, 1), leaf({ 2, 3 }, 2), leaf({ 4 }, 3))
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("add_rmsnorm: x [2, 4] and residual [2, 3]", 1, true), err)
+  end)
+
   it("rope (value + gradient) with Llama 3.1 scaling and a position offset", function()
     local tabs = F.rope_tables(8, 16, 500000, { factor = 8, low_freq_factor = 1, high_freq_factor = 4,
       original_max_seq = 8192 }, { dtype = "float64" })
