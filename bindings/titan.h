@@ -89,6 +89,11 @@ void tt_set_num_threads(int n);
 const char *tt_blas_info(void);
 int tt_cuda_available(void);
 int tt_cuda_device_count(void);
+/* Waits for everything queued on dev, then reports (TT_ERR_INDEX, naming the
+ * op) and clears the first out-of-range index its kernels met since the
+ * last report: GPU kernels record such an index instead of faulting, and
+ * device->host copies report it too. TT_OK on cpu and meta. */
+tt_status tt_device_check(tt_device dev);
 
 /* ---- dtypes ----------------------------------------------------------- */
 size_t tt_dtype_size(int dtype);

@@ -33,8 +33,9 @@ tt_status tt_op_embedding(const tt_tensor *weight, const tt_tensor *ids, tt_tens
     const tt_kernels *be = tt_backend(weight->device);
     if (!be || !be->embedding) st = tt_error_set(TT_ERR_UNSUPPORTED, "embedding: not implemented on this device");
     else
-      st = tt_kernel_check(be->embedding(weight->dtype, tt_tensor_numel(ids), weight->shape[1], tt_tensor_data(weight),
-                         tt_tensor_data(idx), tt_tensor_data(*out)), "embedding", be, weight->dtype);
+      st = tt_kernel_check(be->embedding(weight->dtype, tt_tensor_numel(ids), weight->shape[1], weight->shape[0],
+                                         tt_tensor_data(weight), tt_tensor_data(idx), tt_tensor_data(*out)),
+                           "embedding", be, weight->dtype);
   }
   tt_tensor_release(idx);
   if (st != TT_OK) tt_out_discard(out, fresh);

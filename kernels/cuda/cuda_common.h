@@ -68,8 +68,8 @@ tt_status tt_cuda_gather(int dtype, int64_t outer, int64_t n_src, int64_t inner,
 tt_status tt_cuda_scatter_add(int dtype, int64_t outer, int64_t n_dst, int64_t inner, void *dst, int64_t n_idx,
                               const int64_t *idx, const void *src);
 /* embed.cu */
-tt_status tt_cuda_embedding(int dtype, int64_t n_ids, int64_t dim, const void *weight, const int64_t *ids,
-                            void *out);
+tt_status tt_cuda_embedding(int dtype, int64_t n_ids, int64_t dim, int64_t vocab, const void *weight,
+                            const int64_t *ids, void *out);
 tt_status tt_cuda_embedding_backward(int dtype, int64_t n_ids, int64_t dim, int64_t vocab, const void *dy,
                                      const int64_t *ids, void *dweight);
 /* norm.cu */
@@ -134,6 +134,12 @@ const char *tt_cuda_short_file(const char *file);
 tt_status tt_cuda_select(int device, cudaStream_t *stream);
 /* The calling thread's current device and its compute stream. */
 tt_status tt_cuda_current(int *device, cudaStream_t *stream);
+
+/* The device's index-fault record (kernels.h), in device memory: made with
+ * the streams and never moved, so a kernel captured into a CUDA graph keeps
+ * writing the record that check_errors reads. Valid once tt_cuda_select or
+ * tt_cuda_current succeeded for `device`. */
+tt_index_fault *tt_cuda_fault(int device);
 
 /* The device's scratch buffer for the partial results of multi-pass
  * kernels (deterministic reductions): TT_CUDA_WORKSPACE bytes, allocated
