@@ -253,7 +253,9 @@ tt_status tt_op_swiglu_backward(const tt_tensor *a, const tt_tensor *b, const tt
 
 /* logits [N, V], targets [N] (i32/i64). losses [N] = lse - logit[target]
  * (0 where target == ignore_index); lse [N] f32 (f64 for f64 input).
- * num_valid (may be NULL) receives the count of targets != ignore_index. */
+ * num_valid (may be NULL) receives the count of targets != ignore_index;
+ * for targets on a GPU that count waits for the device, so a caller that
+ * knows it (a trainer) passes NULL. */
 tt_status tt_op_cross_entropy(const tt_tensor *logits, const tt_tensor *targets, int64_t ignore_index,
                               tt_tensor **losses, tt_tensor **lse, int64_t *num_valid);
 /* dlogits = dlosses[:,None] * (softmax(logits) - onehot(targets)). */

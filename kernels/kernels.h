@@ -155,6 +155,9 @@ typedef struct tt_kernels {
                              int64_t ignore_index, void *losses, void *lse);
   tt_status (*cross_entropy_backward)(int dtype, int64_t N, int64_t V, const void *logits, const int64_t *targets,
                                       const void *lse, const void *dlosses, int64_t ignore_index, void *dlogits);
+  /* *count (one i64 in device memory) = targets != ignore_index among N.
+   * NULL on the CPU, where the engine counts while it checks the targets. */
+  tt_status (*count_valid)(int64_t N, const int64_t *targets, int64_t ignore_index, int64_t *count);
 
   /* -- optimizer -- */
   /* param (param_dtype), grad (grad_dtype), m, v, master: f32 (master may be NULL). */

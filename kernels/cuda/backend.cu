@@ -275,6 +275,7 @@ static tt_kernels tt_cuda_table_make(void) {
   k.swiglu_backward = tt_cuda_swiglu_backward;
   k.cross_entropy = tt_cuda_cross_entropy;
   k.cross_entropy_backward = tt_cuda_cross_entropy_backward;
+  k.count_valid = tt_cuda_count_valid;
   k.adamw = tt_cuda_adamw;
   return k;
 }

@@ -101,6 +101,7 @@ tt_status tt_cuda_cross_entropy(int dtype, int64_t N, int64_t V, const void *log
 tt_status tt_cuda_cross_entropy_backward(int dtype, int64_t N, int64_t V, const void *logits,
                                          const int64_t *targets, const void *lse, const void *dlosses,
                                          int64_t ignore_index, void *dlogits);
+tt_status tt_cuda_count_valid(int64_t N, const int64_t *targets, int64_t ignore_index, int64_t *count);
 /* optim.cu */
 tt_status tt_cuda_adamw(int param_dtype, int grad_dtype, int64_t n, void *param, const void *grad, float *m,
                         float *v, float *master, double lr, double beta1, double beta2, double eps,

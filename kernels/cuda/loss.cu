@@ -208,3 +208,29 @@ extern "C" tt_status tt_cuda_cross_entropy_backward(int dtype, int64_t N, int64_
   return tt_error_set(TT_ERR_DTYPE, "cuda cross_entropy_backward: dtype %d not supported (f32, f64, bf16, f16)",
                       dtype);
 }
+
+/* ---- count of the targets that are not ignored ---------------------------- */
+
+/* An integer sum is the same in any order, so the blocks may meet in an
+ * atomic add without costing determinism. */
+__global__ void tt_ce_count_kernel(int64_t N, const int64_t *__restrict__ targets, int64_t ignore_index,
+                                   unsigned long long *count) {
+  unsigned long long c = 0;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (int64_t)gridDim.x * blockDim.x)
+    c += targets[i] != ignore_index;
+  for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+  if (threadIdx.x % 32 == 0 && c) atomicAdd(count, c);
+}
+
+extern "C" tt_status tt_cuda_count_valid(int64_t N, const int64_t *targets, int64_t ignore_index, int64_t *count) {
+  int device;
+  cudaStream_t s;
+  tt_status st = tt_cuda_current(&device, &s);
+  if (st != TT_OK) return st;
+  TT_CUDA_CHECK(cudaMemsetAsync(count, 0, sizeof *count, s));
+  if (N <= 0) return TT_OK;
+  tt_ce_count_kernel<<<tt_cuda_blocks(N), TT_CUDA_THREADS, 0, s>>>(N, targets, ignore_index,
+                                                                   (unsigned long long *)count);
+  TT_CUDA_CHECK_LAUNCH("tt_ce_count_kernel");
+  return TT_OK;
+}
