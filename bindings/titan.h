@@ -89,6 +89,11 @@ void tt_set_num_threads(int n);
 const char *tt_blas_info(void);
 int tt_cuda_available(void);
 int tt_cuda_device_count(void);
+/* Waits for everything queued on dev, then reports (TT_ERR_INDEX, naming the
+ * op) and clears the first out-of-range index its kernels met since the
+ * last report: GPU kernels record such an index instead of faulting, and
+ * device->host copies report it too. TT_OK on cpu and meta. */
+tt_status tt_device_synchronize(tt_device dev);
 
 /* ---- dtypes ----------------------------------------------------------- */
 size_t tt_dtype_size(int dtype);
@@ -112,9 +117,6 @@ void tt_memory_reset_peak(tt_device dev);
 void tt_memory_empty_cache(tt_device dev);
 /* Live tensor objects (all devices): a leak detector for tests. */
 int64_t tt_tensor_live_count(void);
-/* Waits until every kernel and copy queued on the device has finished. */
-tt_status tt_device_synchronize(tt_device dev);
-
 /* Private memory pools (CUDA graphs, docs/cuda.md). While a pool is active on
  * a thread, that thread's allocations on the pool's device come from it;
  * its blocks return to it when freed and serve only its own later requests;
@@ -286,7 +288,9 @@ tt_status tt_op_swiglu_backward(const tt_tensor *a, const tt_tensor *b, const tt
 
 /* logits [N, V], targets [N] (i32/i64). losses [N] = lse - logit[target]
  * (0 where target == ignore_index); lse [N] f32 (f64 for f64 input).
- * num_valid (may be NULL) receives the count of targets != ignore_index. */
+ * num_valid (may be NULL) receives the count of targets != ignore_index;
+ * for targets on a GPU that count waits for the device, so a caller that
+ * knows it (a trainer) passes NULL. */
 tt_status tt_op_cross_entropy(const tt_tensor *logits, const tt_tensor *targets, int64_t ignore_index,
                               tt_tensor **losses, tt_tensor **lse, int64_t *num_valid);
 /* dlogits = dlosses[:,None] * (softmax(logits) - onehot(targets)). */

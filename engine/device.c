@@ -46,6 +46,39 @@ const char *tt_device_name(tt_device dev, char *buf, size_t len) {
   return buf;
 }
 
+/* The engine's op names for the kernels' fault codes (kernels.h). */
+static const char *tt_fault_op_name(int op) {
+  static const char *names[] = {"?",         "index_select", "index_add",          "gather",
+                                "scatter_add", "embedding",  "embedding_backward", "cross_entropy",
+                                "cross_entropy_backward"};
+  return op > TT_FAULT_NONE && op <= TT_FAULT_CROSS_ENTROPY_BACKWARD ? names[op] : "an index op";
+}
+
+tt_status tt_device_report(tt_device dev) {
+  const tt_kernels *be = tt_backend(dev);
+  if (!be || !be->check_errors) return TT_OK;
+  tt_index_fault f;
+  TT_TRY(be->check_errors(dev.index, &f));
+  if (f.op == TT_FAULT_NONE) return TT_OK;
+  char dn[24];
+  return tt_error_set(TT_ERR_INDEX,
+                      "%s: index %lld at position %lld is out of range [0, %lld) (%s; detected at the next "
+                      "synchronization)",
+                      tt_fault_op_name(f.op), (long long)f.index, (long long)f.position, (long long)f.bound,
+                      tt_device_name(dev, dn, sizeof dn));
+}
+
+tt_status tt_device_synchronize(tt_device dev) {
+  char dn[24];
+  if (dev.type == TT_META) return TT_OK;
+  const tt_kernels *be = tt_backend(dev);
+  if (!be)
+    return tt_error_set(TT_ERR_DEVICE, "synchronize: %s is not available in this build or on this machine",
+                        tt_device_name(dev, dn, sizeof dn));
+  TT_TRY(be->synchronize(dev.index));
+  return tt_device_report(dev);
+}
+
 int tt_same_device(tt_device a, tt_device b) { return a.type == b.type && (a.type != TT_CUDA || a.index == b.index); }
 
 int tt_num_threads(void) { return omp_get_max_threads(); }

@@ -26,14 +26,6 @@ static __thread struct {
   tt_mempool *pool;
 } tt_capture;
 
-tt_status tt_device_synchronize(tt_device dev) {
-  if (dev.type == TT_META) return TT_OK;
-  const tt_kernels *be = tt_backend(dev);
-  char nm[32];
-  if (!be) return tt_error_set(TT_ERR_DEVICE, "synchronize: device %s is not available", tt_device_name(dev, nm, sizeof nm));
-  return be->synchronize ? be->synchronize(dev.index) : TT_OK;
-}
-
 tt_status tt_graph_capture_begin(tt_device dev, tt_mempool *pool) {
   char nm[32];
   const tt_kernels *be = tt_backend(dev);

@@ -17,6 +17,10 @@ tt_status tt_error_set(int status, const char *fmt, ...);
 /* The backend of a device, or NULL (meta, or cuda without a CUDA build). */
 const tt_kernels *tt_backend(tt_device dev);
 const char *tt_device_name(tt_device dev, char *buf, size_t len);
+/* After the host waited for dev (a device->host copy, a synchronize): the
+ * out-of-range index its kernels recorded, if any, as TT_ERR_INDEX naming
+ * the op; the record is cleared. TT_OK on devices that check up front. */
+tt_status tt_device_report(tt_device dev);
 
 /* Caching allocator (alloc.c): per device, size-bucketed free lists. */
 tt_status tt_alloc_raw(tt_device dev, size_t nbytes, void **out);

@@ -160,8 +160,10 @@ static inline tt_status tt_index_i64(const tt_tensor *t, tt_tensor **out) {
   return st;
 }
 
-/* Every index in [0, n) — or == ignore when allow_ignore. CPU-side check
- * (indices on other devices are checked by their kernels later). */
+/* Every index in [0, n) — or == ignore when allow_ignore. CPU-side check:
+ * reading GPU indices here would wait for the device at every op, so GPU
+ * kernels check them and the fault they record is reported at the next
+ * wait (tt_device_report). */
 static inline tt_status tt_chk_index_range(const char *op, const tt_tensor *idx64, int64_t n, int allow_ignore,
                                            int64_t ignore) {
   if (idx64->device.type != TT_CPU) return TT_OK;

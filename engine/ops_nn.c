@@ -33,8 +33,9 @@ tt_status tt_op_embedding(const tt_tensor *weight, const tt_tensor *ids, tt_tens
     const tt_kernels *be = tt_backend(weight->device);
     if (!be || !be->embedding) st = tt_error_set(TT_ERR_UNSUPPORTED, "embedding: not implemented on this device");
     else
-      st = tt_kernel_check(be->embedding(weight->dtype, tt_tensor_numel(ids), weight->shape[1], tt_tensor_data(weight),
-                         tt_tensor_data(idx), tt_tensor_data(*out)), "embedding", be, weight->dtype);
+      st = tt_kernel_check(be->embedding(weight->dtype, tt_tensor_numel(ids), weight->shape[1], weight->shape[0],
+                                         tt_tensor_data(weight), tt_tensor_data(idx), tt_tensor_data(*out)),
+                           "embedding", be, weight->dtype);
   }
   tt_tensor_release(idx);
   if (st != TT_OK) tt_out_discard(out, fresh);
@@ -396,14 +397,29 @@ static tt_status tt_chk_ce(const char *op, const tt_tensor *logits, const tt_ten
   return TT_OK;
 }
 
-/* Targets that count towards the loss (the mean's denominator). The
- * validation pass reads every target on the host anyway. */
-static int64_t tt_count_valid(const tt_tensor *idx64, int64_t ignore_index) {
-  if (idx64->device.type != TT_CPU) return -1;
-  const int64_t *p = tt_tensor_data(idx64);
-  int64_t n = tt_tensor_numel(idx64), c = 0;
-  for (int64_t i = 0; i < n; i++) c += p[i] != ignore_index;
-  return c;
+/* Targets that count towards the loss (the mean's denominator). On the CPU
+ * the validation pass reads every target on the host anyway; on a device it
+ * takes a count kernel and a read that waits for the device, which is why
+ * callers that know the count (a trainer) do not ask for it. That read also
+ * reports a bad target the loss kernel just recorded. */
+static tt_status tt_count_valid(const tt_tensor *idx64, int64_t ignore_index, int64_t *count) {
+  int64_t n = tt_tensor_numel(idx64), one = 1;
+  if (idx64->device.type == TT_CPU) {
+    const int64_t *p = tt_tensor_data(idx64);
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; i++) c += p[i] != ignore_index;
+    *count = c;
+    return TT_OK;
+  }
+  TT_KERNEL(be, idx64->device, count_valid, "cross_entropy (count of targets)");
+  tt_tensor *c = NULL;
+  tt_status st = tt_tensor_empty(1, &one, TT_I64, idx64->device, &c);
+  if (st == TT_OK)
+    st = tt_kernel_check(be->count_valid(n, tt_tensor_data(idx64), ignore_index, tt_tensor_data(c)), "cross_entropy",
+                         be, TT_I64);
+  if (st == TT_OK) st = tt_tensor_to_host(c, count, sizeof *count);
+  tt_tensor_release(c);
+  return st;
 }
 
 tt_status tt_op_cross_entropy(const tt_tensor *logits, const tt_tensor *targets, int64_t ignore_index,
@@ -419,7 +435,6 @@ tt_status tt_op_cross_entropy(const tt_tensor *logits, const tt_tensor *targets,
     tt_tensor *idx = NULL;
     st = tt_index_i64(targets, &idx);
     if (st == TT_OK) st = tt_chk_index_range("cross_entropy", idx, V, 1, ignore_index);
-    if (st == TT_OK && num_valid) *num_valid = tt_count_valid(idx, ignore_index);
     if (st == TT_OK) {
       const tt_kernels *be = tt_backend(logits->device);
       if (!be || !be->cross_entropy) st = tt_error_set(TT_ERR_UNSUPPORTED, "cross_entropy: not implemented here");
@@ -427,6 +442,8 @@ tt_status tt_op_cross_entropy(const tt_tensor *logits, const tt_tensor *targets,
         st = tt_kernel_check(be->cross_entropy(logits->dtype, N, V, tt_tensor_data(logits), tt_tensor_data(idx), ignore_index,
                                tt_tensor_data(*losses), tt_tensor_data(*lse)), "cross_entropy", be, logits->dtype);
     }
+    /* After the kernel: a device count's read then also reports its faults. */
+    if (st == TT_OK && num_valid) st = tt_count_valid(idx, ignore_index, num_valid);
     tt_tensor_release(idx);
   }
   if (st != TT_OK) {

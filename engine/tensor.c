@@ -388,6 +388,9 @@ tt_status tt_tensor_copy(tt_tensor *dst, const tt_tensor *src) {
       st = tt_backend(dst->device)->mem_copy(dst->device.index, tt_tensor_data(landed), tt_tensor_data(packed), nbytes, 0);
     } else if (src->device.type == TT_CUDA && dst->device.type == TT_CPU) {
       st = tt_backend(src->device)->mem_copy(src->device.index, tt_tensor_data(landed), tt_tensor_data(packed), nbytes, 1);
+      /* The host just waited for the device: the moment to report what its
+       * index kernels recorded (they cannot stop the op themselves). */
+      if (st == TT_OK) st = tt_device_report(src->device);
     } else { /* cuda:i -> cuda:j through the host */
       tt_tensor *host = NULL;
       tt_device cpu = {TT_CPU, 0};

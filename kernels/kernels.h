@@ -18,6 +18,29 @@
 
 #include "titan.h"
 
+/* Ops whose kernels check their indices on the device (tt_index_fault.op). */
+enum {
+  TT_FAULT_NONE = 0,
+  TT_FAULT_INDEX_SELECT,
+  TT_FAULT_INDEX_ADD,
+  TT_FAULT_GATHER,
+  TT_FAULT_SCATTER_ADD,
+  TT_FAULT_EMBEDDING,
+  TT_FAULT_EMBEDDING_BACKWARD,
+  TT_FAULT_CROSS_ENTROPY,
+  TT_FAULT_CROSS_ENTROPY_BACKWARD,
+};
+
+/* The first out-of-range index a device's kernels met: index was found at
+ * flat `position` of the op's index tensor, outside [0, bound). The CUDA
+ * kernels keep one in device memory, with this layout, and claim it with
+ * an atomic compare-and-swap on `op`. */
+typedef struct tt_index_fault {
+  int32_t op; /* TT_FAULT_*; TT_FAULT_NONE: no fault */
+  int32_t pad;
+  int64_t index, position, bound;
+} tt_index_fault;
+
 typedef struct tt_kernels {
   const char *name;
 
@@ -35,6 +58,14 @@ typedef struct tt_kernels {
   tt_status (*graph_end)(int device, void **graph, int64_t *nodes);
   tt_status (*graph_launch)(int device, void *graph);
   void (*graph_free)(int device, void *graph);
+  /* Indices on a device cannot be read before its kernels run without a
+   * wait per op (which CUDA-graph capture forbids), so its index kernels
+   * write zeros for (or skip) an index outside its range and record a
+   * fault instead. This takes the device's fault (op TT_FAULT_NONE: none)
+   * and clears it. Valid right after mem_copy kind 1 or synchronize: the
+   * waits the host makes anyway also fetch the record. NULL on backends
+   * whose indices the engine checks before the kernel (the CPU). */
+  tt_status (*check_errors)(int device, tt_index_fault *fault);
 
   /* -- data movement -- */
   /* dst[idx] = (dst_dtype) src[idx] over an ndim index space. */
@@ -79,7 +110,12 @@ typedef struct tt_kernels {
                     double alpha, const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb,
                     int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c);
 
-  /* -- indexing; src/dst viewed as contiguous [outer, n, inner], idx i64 -- */
+  /* -- indexing; src/dst viewed as contiguous [outer, n, inner], idx i64.
+   *    The engine checks CPU indices before the call; a backend without
+   *    that check (check_errors != NULL) reads an index outside [0, n) as
+   *    zeros, skips it in the adds and records it. The same holds for the
+   *    ids of embedding and the targets of cross_entropy (ignore_index
+   *    aside). -- */
   tt_status (*index_select)(int dtype, int64_t outer, int64_t n_src, int64_t inner, const void *src, int64_t n_idx,
                             const int64_t *idx, void *out);
   /* dst[:, idx[j], :] += src[:, j, :], deterministic. */
@@ -93,7 +129,9 @@ typedef struct tt_kernels {
                            const int64_t *idx, const void *src);
 
   /* -- nn primitives, all contiguous -- */
-  tt_status (*embedding)(int dtype, int64_t n_ids, int64_t dim, const void *weight, const int64_t *ids, void *out);
+  /* vocab: the rows of weight, the bound of ids. */
+  tt_status (*embedding)(int dtype, int64_t n_ids, int64_t dim, int64_t vocab, const void *weight, const int64_t *ids,
+                         void *out);
   /* dweight[ids[i], :] += dy[i, :], deterministic (no float atomics). */
   tt_status (*embedding_backward)(int dtype, int64_t n_ids, int64_t dim, int64_t vocab, const void *dy,
                                   const int64_t *ids, void *dweight);
@@ -130,6 +168,9 @@ typedef struct tt_kernels {
                              int64_t ignore_index, void *losses, void *lse);
   tt_status (*cross_entropy_backward)(int dtype, int64_t N, int64_t V, const void *logits, const int64_t *targets,
                                       const void *lse, const void *dlosses, int64_t ignore_index, void *dlogits);
+  /* *count (one i64 in device memory) = targets != ignore_index among N.
+   * NULL on the CPU, where the engine counts while it checks the targets. */
+  tt_status (*count_valid)(int64_t N, const int64_t *targets, int64_t ignore_index, int64_t *count);
 
   /* -- optimizer -- */
   /* param (param_dtype), grad (grad_dtype), m, v, master: f32 (master may be NULL). */

@@ -47,7 +47,8 @@ tt_status tt_cpu_gather(int dtype, int64_t outer, int64_t n_src, int64_t inner, 
 tt_status tt_cpu_scatter_add(int dtype, int64_t outer, int64_t n_dst, int64_t inner, void *dst, int64_t n_idx,
                              const int64_t *idx, const void *src);
 /* embed.c */
-tt_status tt_cpu_embedding(int dtype, int64_t n_ids, int64_t dim, const void *weight, const int64_t *ids, void *out);
+tt_status tt_cpu_embedding(int dtype, int64_t n_ids, int64_t dim, int64_t vocab, const void *weight,
+                           const int64_t *ids, void *out);
 tt_status tt_cpu_embedding_backward(int dtype, int64_t n_ids, int64_t dim, int64_t vocab, const void *dy,
                                     const int64_t *ids, void *dweight);
 /* norm.c */

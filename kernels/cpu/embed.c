@@ -20,7 +20,9 @@ static int omp_get_num_threads(void) { return 1; }
 
 #define EMBED_PAR_MIN 32768
 
-tt_status tt_cpu_embedding(int dtype, int64_t n_ids, int64_t dim, const void *weight, const int64_t *ids, void *out) {
+tt_status tt_cpu_embedding(int dtype, int64_t n_ids, int64_t dim, int64_t vocab, const void *weight,
+                           const int64_t *ids, void *out) {
+  (void)vocab; /* the engine checked every id against it */
   size_t es;
   switch (dtype) {
   case TT_F32: es = 4; break;

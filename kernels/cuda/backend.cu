@@ -6,6 +6,15 @@
  * collectives, so NCCL can overlap compute once it is fenced by events, and
  * one fixed scratch buffer for the partials of multi-pass kernels.
  *
+ * Index faults. The index kernels record the first out-of-range index in a
+ * small record in device memory (kernels.h: tt_index_fault), one per device
+ * and never moved, so captured CUDA graphs keep writing it. Reading it
+ * costs no wait of its own: every device->host copy and synchronize first
+ * enqueues a copy of the record into a pinned host mirror on the compute
+ * stream, so the wait they make anyway also fetches it, and check_errors
+ * then reads the mirror. Device memory rather than mapped host memory for
+ * the record: atomics on host memory over PCIe need platform support.
+ *
  * The table's kernels live one family per file (elementwise.cu, reduce.cu,
  * index.cu, embed.cu, norm.cu, rope.cu, attention.cu, act.cu, loss.cu,
  * optim.cu, rng.cu, copy.cu, gemm.cu).
@@ -44,6 +53,9 @@ tt_status tt_cuda_fail(cudaError_t err, const char *call, const char *file, int 
 static struct {
   std::atomic<int> ready;
   cudaStream_t compute, comm;
+  tt_index_fault *fault;      /* device memory: what the kernels write */
+  tt_index_fault *fault_seen; /* pinned host mirror: what the last wait fetched */
+  std::mutex fault_lock;      /* one thread takes (and clears) a fault */
 } tt_cuda_devs[TT_CUDA_MAX_DEVICES];
 static std::mutex tt_cuda_devs_lock;
 
@@ -56,6 +68,13 @@ static tt_status tt_cuda_streams_init(int device) {
   if (tt_cuda_devs[device].ready.load(std::memory_order_relaxed)) return TT_OK;
   TT_CUDA_CHECK(cudaStreamCreateWithFlags(&tt_cuda_devs[device].compute, cudaStreamNonBlocking));
   TT_CUDA_CHECK(cudaStreamCreateWithFlags(&tt_cuda_devs[device].comm, cudaStreamNonBlocking));
+  /* Made here, before any kernel (and so before any graph capture), which
+   * must not allocate. The clear rides on the compute stream, ahead of
+   * every kernel that may write the record. */
+  TT_CUDA_CHECK(cudaMalloc(&tt_cuda_devs[device].fault, sizeof(tt_index_fault)));
+  TT_CUDA_CHECK(cudaMemsetAsync(tt_cuda_devs[device].fault, 0, sizeof(tt_index_fault), tt_cuda_devs[device].compute));
+  TT_CUDA_CHECK(cudaHostAlloc(&tt_cuda_devs[device].fault_seen, sizeof(tt_index_fault), cudaHostAllocDefault));
+  memset(tt_cuda_devs[device].fault_seen, 0, sizeof(tt_index_fault));
   tt_cuda_devs[device].ready.store(1, std::memory_order_release);
   return TT_OK;
 }
@@ -77,6 +96,15 @@ tt_status tt_cuda_current(int *device, cudaStream_t *stream) {
   tt_status st = tt_cuda_streams_init(*device);
   if (st != TT_OK) return st;
   *stream = tt_cuda_devs[*device].compute;
+  return TT_OK;
+}
+
+tt_index_fault *tt_cuda_fault(int device) { return tt_cuda_devs[device].fault; }
+
+/* Enqueue the record's copy into the mirror, ahead of a wait for stream s. */
+static tt_status tt_cuda_fault_fetch(int device, cudaStream_t s) {
+  TT_CUDA_CHECK(cudaMemcpyAsync(tt_cuda_devs[device].fault_seen, tt_cuda_devs[device].fault, sizeof(tt_index_fault),
+                                cudaMemcpyDeviceToHost, s));
   return TT_OK;
 }
 
@@ -175,7 +203,11 @@ static tt_status tt_cuda_mem_copy(int device, void *dst, const void *src, size_t
   tt_status st = tt_cuda_select(device, &s);
   if (st != TT_OK) return st;
   TT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, kinds[kind], s));
-  if (kind == 1) TT_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (kind == 1) {
+    st = tt_cuda_fault_fetch(device, s);
+    if (st != TT_OK) return st;
+    TT_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
   return TT_OK;
 }
 
@@ -183,8 +215,31 @@ static tt_status tt_cuda_mem_copy(int device, void *dst, const void *src, size_t
 static tt_status tt_cuda_synchronize(int device) {
   cudaStream_t s;
   tt_status st = tt_cuda_select(device, &s);
+  if (st == TT_OK) st = tt_cuda_fault_fetch(device, s);
   if (st != TT_OK) return st;
   TT_CUDA_CHECK(cudaDeviceSynchronize());
+  return TT_OK;
+}
+
+/* The mirror says whether the last wait saw a fault (almost always not:
+ * one host read). If it did, the record itself is read again under the
+ * lock, so of two threads that both saw it only one takes it. */
+static tt_status tt_cuda_check_errors(int device, tt_index_fault *fault) {
+  memset(fault, 0, sizeof *fault);
+  if (device < 0 || device >= TT_CUDA_MAX_DEVICES || !tt_cuda_devs[device].ready.load(std::memory_order_acquire))
+    return TT_OK; /* no stream yet, so no kernel ever ran there */
+  if (((volatile tt_index_fault *)tt_cuda_devs[device].fault_seen)->op == TT_FAULT_NONE) return TT_OK;
+  std::lock_guard<std::mutex> guard(tt_cuda_devs[device].fault_lock);
+  cudaStream_t s;
+  tt_status st = tt_cuda_select(device, &s);
+  if (st == TT_OK) st = tt_cuda_fault_fetch(device, s);
+  if (st != TT_OK) return st;
+  TT_CUDA_CHECK(cudaStreamSynchronize(s));
+  *fault = *tt_cuda_devs[device].fault_seen;
+  memset(tt_cuda_devs[device].fault_seen, 0, sizeof(tt_index_fault));
+  /* Kernels enqueued after the clear find the record free again. */
+  if (fault->op != TT_FAULT_NONE)
+    TT_CUDA_CHECK(cudaMemsetAsync(tt_cuda_devs[device].fault, 0, sizeof(tt_index_fault), s));
   return TT_OK;
 }
 
@@ -202,6 +257,7 @@ static tt_kernels tt_cuda_table_make(void) {
   k.graph_end = tt_cuda_graph_end;
   k.graph_launch = tt_cuda_graph_launch;
   k.graph_free = tt_cuda_graph_free;
+  k.check_errors = tt_cuda_check_errors;
   k.copy = tt_cuda_copy;
   k.fill = tt_cuda_fill;
   k.arange = tt_cuda_arange;
@@ -233,6 +289,7 @@ static tt_kernels tt_cuda_table_make(void) {
   k.swiglu_backward = tt_cuda_swiglu_backward;
   k.cross_entropy = tt_cuda_cross_entropy;
   k.cross_entropy_backward = tt_cuda_cross_entropy_backward;
+  k.count_valid = tt_cuda_count_valid;
   k.adamw = tt_cuda_adamw;
   return k;
 }

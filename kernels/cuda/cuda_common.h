@@ -74,8 +74,8 @@ tt_status tt_cuda_gather(int dtype, int64_t outer, int64_t n_src, int64_t inner,
 tt_status tt_cuda_scatter_add(int dtype, int64_t outer, int64_t n_dst, int64_t inner, void *dst, int64_t n_idx,
                               const int64_t *idx, const void *src);
 /* embed.cu */
-tt_status tt_cuda_embedding(int dtype, int64_t n_ids, int64_t dim, const void *weight, const int64_t *ids,
-                            void *out);
+tt_status tt_cuda_embedding(int dtype, int64_t n_ids, int64_t dim, int64_t vocab, const void *weight,
+                            const int64_t *ids, void *out);
 tt_status tt_cuda_embedding_backward(int dtype, int64_t n_ids, int64_t dim, int64_t vocab, const void *dy,
                                      const int64_t *ids, void *dweight);
 /* norm.cu */
@@ -109,6 +109,7 @@ tt_status tt_cuda_cross_entropy(int dtype, int64_t N, int64_t V, const void *log
 tt_status tt_cuda_cross_entropy_backward(int dtype, int64_t N, int64_t V, const void *logits,
                                          const int64_t *targets, const void *lse, const void *dlosses,
                                          int64_t ignore_index, void *dlogits);
+tt_status tt_cuda_count_valid(int64_t N, const int64_t *targets, int64_t ignore_index, int64_t *count);
 /* optim.cu */
 tt_status tt_cuda_adamw(int param_dtype, int grad_dtype, int64_t n, void *param, const void *grad, float *m,
                         float *v, float *master, double lr, double beta1, double beta2, double eps,
@@ -142,6 +143,12 @@ const char *tt_cuda_short_file(const char *file);
 tt_status tt_cuda_select(int device, cudaStream_t *stream);
 /* The calling thread's current device and its compute stream. */
 tt_status tt_cuda_current(int *device, cudaStream_t *stream);
+
+/* The device's index-fault record (kernels.h), in device memory: made with
+ * the streams and never moved, so a kernel captured into a CUDA graph keeps
+ * writing the record that check_errors reads. Valid once tt_cuda_select or
+ * tt_cuda_current succeeded for `device`. */
+tt_index_fault *tt_cuda_fault(int device);
 
 /* The device's scratch buffer for the partial results of multi-pass
  * kernels (deterministic reductions): TT_CUDA_WORKSPACE bytes, allocated

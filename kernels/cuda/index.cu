@@ -4,9 +4,11 @@
  *
  * Select and gather move bytes, so they take any dtype by element size;
  * index_select copies whole rows in the widest unit (up to 16 bytes) that
- * the row length and the pointers allow. Indices are not range-checked by
- * the engine on this device, so an index outside [0, n) reads as zero here
- * (and is skipped by the adds) instead of touching memory it does not own.
+ * the row length and the pointers allow. Indices on this device are not
+ * read by the engine before the kernels run (that would cost a wait per
+ * op), so an index outside [0, n) reads as zero here, is skipped by the
+ * adds, and is recorded in the device's fault record (tt_d_index_fault),
+ * which the engine reports at the next wait for the device.
  *
  * The adds (f32, f64, i32 and i64 wrapping, bf16/f16 through f32 with one
  * rounding per add) are deterministic without atomics, as on the CPU: a
@@ -36,44 +38,51 @@ static int tt_index_esize(int dtype) {
 /* upr units of U per row; unit u of the output is row u / upr. */
 template <typename U, typename Idx>
 __global__ void tt_index_select_kernel(Idx rows, Idx upr, int64_t n_src, int64_t n_idx, const U *__restrict__ src,
-                                       const int64_t *__restrict__ idx, U *__restrict__ out) {
+                                       const int64_t *__restrict__ idx, U *__restrict__ out, tt_index_fault *fault,
+                                       int op) {
   const Idx total = rows * upr;
   for (Idx u = (Idx)blockIdx.x * blockDim.x + threadIdx.x; u < total; u += (Idx)gridDim.x * blockDim.x) {
     Idx r = u / upr, c = u - r * upr;
     int64_t o = (int64_t)r / n_idx, j = (int64_t)r - o * n_idx;
     int64_t id = idx[j];
-    out[u] = id >= 0 && id < n_src ? src[(o * n_src + id) * (int64_t)upr + (int64_t)c] : U();
+    if (id >= 0 && id < n_src) {
+      out[u] = src[(o * n_src + id) * (int64_t)upr + (int64_t)c];
+    } else {
+      out[u] = U();
+      if (c == 0) tt_d_index_fault(fault, op, id, j, n_src); /* once per row, not per unit */
+    }
   }
 }
 
 template <typename U>
 static void tt_index_select_go(int64_t rows, int64_t upr, int64_t n_src, int64_t n_idx, const void *src,
-                               const int64_t *idx, void *out, cudaStream_t s) {
+                               const int64_t *idx, void *out, tt_index_fault *fault, int op, cudaStream_t s) {
   int64_t total = rows * upr;
   if (total <= INT32_MAX)
     tt_index_select_kernel<U, uint32_t><<<tt_cuda_blocks(total), TT_CUDA_THREADS, 0, s>>>(
-        (uint32_t)rows, (uint32_t)upr, n_src, n_idx, (const U *)src, idx, (U *)out);
+        (uint32_t)rows, (uint32_t)upr, n_src, n_idx, (const U *)src, idx, (U *)out, fault, op);
   else
-    tt_index_select_kernel<U, int64_t><<<tt_cuda_blocks(total), TT_CUDA_THREADS, 0, s>>>(rows, upr, n_src, n_idx,
-                                                                                        (const U *)src, idx, (U *)out);
+    tt_index_select_kernel<U, int64_t><<<tt_cuda_blocks(total), TT_CUDA_THREADS, 0, s>>>(
+        rows, upr, n_src, n_idx, (const U *)src, idx, (U *)out, fault, op);
 }
 
 /* Shared with embed.cu (the lookup is a select with outer 1). */
-tt_status tt_cuda_select_rows(int esz, int64_t outer, int64_t n_src, int64_t inner, const void *src, int64_t n_idx,
-                              const int64_t *idx, void *out) {
+tt_status tt_cuda_select_rows(int op, int esz, int64_t outer, int64_t n_src, int64_t inner, const void *src,
+                              int64_t n_idx, const int64_t *idx, void *out) {
   int64_t rows = outer * n_idx;
   if (rows <= 0 || inner <= 0) return TT_OK;
   int device;
   cudaStream_t s;
   tt_status st = tt_cuda_current(&device, &s);
   if (st != TT_OK) return st;
+  tt_index_fault *f = tt_cuda_fault(device);
   int64_t row_bytes = inner * esz;
   uintptr_t al = (uintptr_t)src | (uintptr_t)out | (uintptr_t)row_bytes;
-  if ((al & 15) == 0) tt_index_select_go<uint4>(rows, row_bytes / 16, n_src, n_idx, src, idx, out, s);
-  else if ((al & 7) == 0) tt_index_select_go<uint2>(rows, row_bytes / 8, n_src, n_idx, src, idx, out, s);
-  else if ((al & 3) == 0) tt_index_select_go<uint32_t>(rows, row_bytes / 4, n_src, n_idx, src, idx, out, s);
-  else if ((al & 1) == 0) tt_index_select_go<uint16_t>(rows, row_bytes / 2, n_src, n_idx, src, idx, out, s);
-  else tt_index_select_go<uint8_t>(rows, row_bytes, n_src, n_idx, src, idx, out, s);
+  if ((al & 15) == 0) tt_index_select_go<uint4>(rows, row_bytes / 16, n_src, n_idx, src, idx, out, f, op, s);
+  else if ((al & 7) == 0) tt_index_select_go<uint2>(rows, row_bytes / 8, n_src, n_idx, src, idx, out, f, op, s);
+  else if ((al & 3) == 0) tt_index_select_go<uint32_t>(rows, row_bytes / 4, n_src, n_idx, src, idx, out, f, op, s);
+  else if ((al & 1) == 0) tt_index_select_go<uint16_t>(rows, row_bytes / 2, n_src, n_idx, src, idx, out, f, op, s);
+  else tt_index_select_go<uint8_t>(rows, row_bytes, n_src, n_idx, src, idx, out, f, op, s);
   TT_CUDA_CHECK_LAUNCH("tt_index_select_kernel");
   return TT_OK;
 }
@@ -82,18 +91,23 @@ extern "C" tt_status tt_cuda_index_select(int dtype, int64_t outer, int64_t n_sr
                                           int64_t n_idx, const int64_t *idx, void *out) {
   int esz = tt_index_esize(dtype);
   if (!esz) return tt_error_set(TT_ERR_DTYPE, "cuda index_select: dtype %d not supported", dtype);
-  return tt_cuda_select_rows(esz, outer, n_src, inner, src, n_idx, idx, out);
+  return tt_cuda_select_rows(TT_FAULT_INDEX_SELECT, esz, outer, n_src, inner, src, n_idx, idx, out);
 }
 
 /* ---- gather: out[o, j, i] = src[o, idx[o, j, i], i] -------------------------- */
 
 template <typename T>
 __global__ void tt_gather_kernel(int64_t total, int64_t n_src, int64_t inner, int64_t n_idx, const T *__restrict__ src,
-                                 const int64_t *__restrict__ idx, T *__restrict__ out) {
+                                 const int64_t *__restrict__ idx, T *__restrict__ out, tt_index_fault *fault) {
   for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
     int64_t r = e / inner, i = e - r * inner, o = r / n_idx;
     int64_t id = idx[e];
-    out[e] = id >= 0 && id < n_src ? src[(o * n_src + id) * inner + i] : (T)0;
+    if (id >= 0 && id < n_src) {
+      out[e] = src[(o * n_src + id) * inner + i];
+    } else {
+      out[e] = (T)0;
+      tt_d_index_fault(fault, TT_FAULT_GATHER, id, e, n_src);
+    }
   }
 }
 
@@ -107,12 +121,13 @@ extern "C" tt_status tt_cuda_gather(int dtype, int64_t outer, int64_t n_src, int
   cudaStream_t s;
   tt_status st = tt_cuda_current(&device, &s);
   if (st != TT_OK) return st;
+  tt_index_fault *f = tt_cuda_fault(device);
   unsigned int g = tt_cuda_blocks(total);
   switch (esz) {
-    case 8: tt_gather_kernel<uint64_t><<<g, TT_CUDA_THREADS, 0, s>>>(total, n_src, inner, n_idx, (const uint64_t *)src, idx, (uint64_t *)out); break;
-    case 4: tt_gather_kernel<uint32_t><<<g, TT_CUDA_THREADS, 0, s>>>(total, n_src, inner, n_idx, (const uint32_t *)src, idx, (uint32_t *)out); break;
-    case 2: tt_gather_kernel<uint16_t><<<g, TT_CUDA_THREADS, 0, s>>>(total, n_src, inner, n_idx, (const uint16_t *)src, idx, (uint16_t *)out); break;
-    default: tt_gather_kernel<uint8_t><<<g, TT_CUDA_THREADS, 0, s>>>(total, n_src, inner, n_idx, (const uint8_t *)src, idx, (uint8_t *)out); break;
+    case 8: tt_gather_kernel<uint64_t><<<g, TT_CUDA_THREADS, 0, s>>>(total, n_src, inner, n_idx, (const uint64_t *)src, idx, (uint64_t *)out, f); break;
+    case 4: tt_gather_kernel<uint32_t><<<g, TT_CUDA_THREADS, 0, s>>>(total, n_src, inner, n_idx, (const uint32_t *)src, idx, (uint32_t *)out, f); break;
+    case 2: tt_gather_kernel<uint16_t><<<g, TT_CUDA_THREADS, 0, s>>>(total, n_src, inner, n_idx, (const uint16_t *)src, idx, (uint16_t *)out, f); break;
+    default: tt_gather_kernel<uint8_t><<<g, TT_CUDA_THREADS, 0, s>>>(total, n_src, inner, n_idx, (const uint8_t *)src, idx, (uint8_t *)out, f); break;
   }
   TT_CUDA_CHECK_LAUNCH("tt_gather_kernel");
   return TT_OK;
@@ -180,7 +195,8 @@ template <> struct tt_acc<TT_F16> {
 template <int DT>
 __global__ void tt_index_add_kernel(int64_t outer, int64_t n_dst, int64_t inner, int64_t R,
                                     typename tt_acc<DT>::S *__restrict__ dst, int64_t n_idx,
-                                    const int64_t *__restrict__ idx, const typename tt_acc<DT>::S *__restrict__ src) {
+                                    const int64_t *__restrict__ idx, const typename tt_acc<DT>::S *__restrict__ src,
+                                    tt_index_fault *fault, int op) {
   typedef tt_acc<DT> Op;
   __shared__ int64_t sid[TT_ADD_CHUNK];
   const int64_t W = outer * R * inner;
@@ -202,7 +218,13 @@ __global__ void tt_index_add_kernel(int64_t outer, int64_t n_dst, int64_t inner,
     for (int64_t j0 = 0; j0 < n_idx; j0 += TT_ADD_CHUNK) {
       int cnt = n_idx - j0 < TT_ADD_CHUNK ? (int)(n_idx - j0) : TT_ADD_CHUNK;
       __syncthreads(); /* the previous chunk is consumed */
-      for (int t = threadIdx.x; t < cnt; t += blockDim.x) sid[t] = idx[j0 + t];
+      for (int t = threadIdx.x; t < cnt; t += blockDim.x) {
+        int64_t r = idx[j0 + t];
+        sid[t] = r;
+        /* Every block stages every id: block 0's first pass reports the bad
+         * ones, once each. No worker's row range holds them. */
+        if (base == 0 && (r < 0 || r >= n_dst)) tt_d_index_fault(fault, op, r, j0 + t, n_dst);
+      }
       __syncthreads();
       if (!active) continue;
       for (int t = 0; t < cnt; t++) {
@@ -225,7 +247,8 @@ __global__ void tt_index_add_kernel(int64_t outer, int64_t n_dst, int64_t inner,
 template <int DT>
 __global__ void tt_scatter_add_kernel(int64_t outer, int64_t n_dst, int64_t inner, int64_t R,
                                       typename tt_acc<DT>::S *__restrict__ dst, int64_t n_idx,
-                                      const int64_t *__restrict__ idx, const typename tt_acc<DT>::S *__restrict__ src) {
+                                      const int64_t *__restrict__ idx, const typename tt_acc<DT>::S *__restrict__ src,
+                                      tt_index_fault *fault, int op) {
   typedef tt_acc<DT> Op;
   const int64_t W = outer * R * inner;
   for (int64_t w = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; w < W; w += (int64_t)gridDim.x * blockDim.x) {
@@ -238,7 +261,11 @@ __global__ void tt_scatter_add_kernel(int64_t outer, int64_t n_dst, int64_t inne
     typename Op::A val = 0;
     for (int64_t j = 0; j < n_idx; j++) {
       int64_t r = icol[j * inner];
-      if (r < r0 || r >= r1) continue;
+      if (r < r0 || r >= r1) {
+        /* Outside every range: the first range's worker reports it. */
+        if (k == 0 && (r < 0 || r >= n_dst)) tt_d_index_fault(fault, op, r, (o * n_idx + j) * inner + c, n_dst);
+        continue;
+      }
       if (r != cur) {
         if (cur >= 0) dcol[cur * inner] = Op::store(val);
         cur = r;
@@ -263,49 +290,50 @@ static int64_t tt_add_ranges(int64_t outer, int64_t inner, int64_t n_dst, int64_
 }
 
 template <int DT>
-static tt_status tt_add_launch(int scatter, int64_t outer, int64_t n_dst, int64_t inner, void *dst, int64_t n_idx,
-                               const int64_t *idx, const void *src) {
+static tt_status tt_add_launch(int op, int scatter, int64_t outer, int64_t n_dst, int64_t inner, void *dst,
+                               int64_t n_idx, const int64_t *idx, const void *src) {
   typedef typename tt_acc<DT>::S S;
   int device;
   cudaStream_t s;
   tt_status st = tt_cuda_current(&device, &s);
   if (st != TT_OK) return st;
+  tt_index_fault *f = tt_cuda_fault(device);
   if (scatter) {
     int64_t R = tt_add_ranges(outer, inner, n_dst, n_idx, 64);
     tt_scatter_add_kernel<DT><<<tt_cuda_blocks(outer * R * inner), TT_CUDA_THREADS, 0, s>>>(
-        outer, n_dst, inner, R, (S *)dst, n_idx, idx, (const S *)src);
+        outer, n_dst, inner, R, (S *)dst, n_idx, idx, (const S *)src, f, op);
     TT_CUDA_CHECK_LAUNCH("tt_scatter_add_kernel");
   } else {
     int64_t R = tt_add_ranges(outer, inner, n_dst, n_idx, 1024);
     tt_index_add_kernel<DT><<<tt_cuda_blocks(outer * R * inner), TT_CUDA_THREADS, 0, s>>>(
-        outer, n_dst, inner, R, (S *)dst, n_idx, idx, (const S *)src);
+        outer, n_dst, inner, R, (S *)dst, n_idx, idx, (const S *)src, f, op);
     TT_CUDA_CHECK_LAUNCH("tt_index_add_kernel");
   }
   return TT_OK;
 }
 
 /* Shared with embed.cu (the embedding gradient is an index_add with outer 1). */
-tt_status tt_cuda_add_rows(const char *name, int scatter, int dtype, int64_t outer, int64_t n_dst, int64_t inner,
-                           void *dst, int64_t n_idx, const int64_t *idx, const void *src) {
+tt_status tt_cuda_add_rows(int op, const char *name, int scatter, int dtype, int64_t outer, int64_t n_dst,
+                           int64_t inner, void *dst, int64_t n_idx, const int64_t *idx, const void *src) {
   if (dtype != TT_F32 && dtype != TT_F64 && dtype != TT_BF16 && dtype != TT_F16 && dtype != TT_I32 && dtype != TT_I64)
     return tt_error_set(TT_ERR_DTYPE, "cuda %s: dtype %d not supported (f32, f64, bf16, f16, i32, i64)", name, dtype);
   if (outer <= 0 || inner <= 0 || n_idx <= 0 || n_dst <= 0) return TT_OK;
   switch (dtype) {
-    case TT_F32: return tt_add_launch<TT_F32>(scatter, outer, n_dst, inner, dst, n_idx, idx, src);
-    case TT_F64: return tt_add_launch<TT_F64>(scatter, outer, n_dst, inner, dst, n_idx, idx, src);
-    case TT_BF16: return tt_add_launch<TT_BF16>(scatter, outer, n_dst, inner, dst, n_idx, idx, src);
-    case TT_F16: return tt_add_launch<TT_F16>(scatter, outer, n_dst, inner, dst, n_idx, idx, src);
-    case TT_I32: return tt_add_launch<TT_I32>(scatter, outer, n_dst, inner, dst, n_idx, idx, src);
-    default: return tt_add_launch<TT_I64>(scatter, outer, n_dst, inner, dst, n_idx, idx, src);
+    case TT_F32: return tt_add_launch<TT_F32>(op, scatter, outer, n_dst, inner, dst, n_idx, idx, src);
+    case TT_F64: return tt_add_launch<TT_F64>(op, scatter, outer, n_dst, inner, dst, n_idx, idx, src);
+    case TT_BF16: return tt_add_launch<TT_BF16>(op, scatter, outer, n_dst, inner, dst, n_idx, idx, src);
+    case TT_F16: return tt_add_launch<TT_F16>(op, scatter, outer, n_dst, inner, dst, n_idx, idx, src);
+    case TT_I32: return tt_add_launch<TT_I32>(op, scatter, outer, n_dst, inner, dst, n_idx, idx, src);
+    default: return tt_add_launch<TT_I64>(op, scatter, outer, n_dst, inner, dst, n_idx, idx, src);
   }
 }
 
 extern "C" tt_status tt_cuda_index_add(int dtype, int64_t outer, int64_t n_dst, int64_t inner, void *dst,
                                        int64_t n_idx, const int64_t *idx, const void *src) {
-  return tt_cuda_add_rows("index_add", 0, dtype, outer, n_dst, inner, dst, n_idx, idx, src);
+  return tt_cuda_add_rows(TT_FAULT_INDEX_ADD, "index_add", 0, dtype, outer, n_dst, inner, dst, n_idx, idx, src);
 }
 
 extern "C" tt_status tt_cuda_scatter_add(int dtype, int64_t outer, int64_t n_dst, int64_t inner, void *dst,
                                          int64_t n_idx, const int64_t *idx, const void *src) {
-  return tt_cuda_add_rows("scatter_add", 1, dtype, outer, n_dst, inner, dst, n_idx, idx, src);
+  return tt_cuda_add_rows(TT_FAULT_SCATTER_ADD, "scatter_add", 1, dtype, outer, n_dst, inner, dst, n_idx, idx, src);
 }

@@ -221,15 +221,33 @@ static inline unsigned int tt_cuda_group_blocks(int64_t tasks, int G) {
   return (unsigned int)(b < 1 ? 1 : (b > 65536 ? 65536 : b));
 }
 
+/* ---- index faults ------------------------------------------------------------ */
+
+/* An index outside [0, bound) at flat `position`: the first one since the
+ * host last checked claims the device's record and later ones leave it as
+ * is (the first fault wins, as the first error of a serial loop would).
+ * The plain read first keeps a flood of bad indices from queueing on the
+ * atomic. The host reads the record only after the kernel finished. */
+static __device__ __forceinline__ void tt_d_index_fault(tt_index_fault *f, int op, int64_t index, int64_t position,
+                                                        int64_t bound) {
+  if (*(volatile int32_t *)&f->op != TT_FAULT_NONE) return;
+  if (atomicCAS((int *)&f->op, (int)TT_FAULT_NONE, op) == (int)TT_FAULT_NONE) {
+    f->index = index;
+    f->position = position;
+    f->bound = bound;
+  }
+}
+
 /* ---- row movers shared by index.cu and embed.cu ---------------------------- */
 
-/* out[o, j, :] = src[o, idx[j], :] for elements of esz bytes (an index
- * outside [0, n_src) gives a zero row). */
-tt_status tt_cuda_select_rows(int esz, int64_t outer, int64_t n_src, int64_t inner, const void *src, int64_t n_idx,
-                              const int64_t *idx, void *out);
+/* out[o, j, :] = src[o, idx[j], :] for elements of esz bytes; an index
+ * outside [0, n_src) gives a zero row and a fault of `op` (TT_FAULT_*). */
+tt_status tt_cuda_select_rows(int op, int esz, int64_t outer, int64_t n_src, int64_t inner, const void *src,
+                              int64_t n_idx, const int64_t *idx, void *out);
 /* dst[o, idx[j], :] += src[o, j, :] (scatter 0) or dst[o, idx[o, j, i], i] +=
- * src[o, j, i] (scatter 1), deterministic; `name` is the op for messages. */
-tt_status tt_cuda_add_rows(const char *name, int scatter, int dtype, int64_t outer, int64_t n_dst, int64_t inner,
-                           void *dst, int64_t n_idx, const int64_t *idx, const void *src);
+ * src[o, j, i] (scatter 1), deterministic; an index outside [0, n_dst) adds
+ * nothing and records a fault of `op`; `name` is the op for messages. */
+tt_status tt_cuda_add_rows(int op, const char *name, int scatter, int dtype, int64_t outer, int64_t n_dst,
+                           int64_t inner, void *dst, int64_t n_idx, const int64_t *idx, const void *src);
 
 #endif

@@ -14,6 +14,10 @@
  * the CPU's f32 arithmetic (bit-identical for f32); ignored rows (target ==
  * ignore_index, or outside [0, V)) get zeros. dlogits may be logits itself.
  *
+ * A target outside [0, V) that is not ignore_index is recorded as an index
+ * fault of the device (kernel_util.cuh) by both passes: the engine does not
+ * read device targets before the kernels run.
+ *
  * Edge cases follow the CPU: NaN logits give NaN lse, as do +inf logits and
  * rows that are all -inf.
  */
@@ -68,10 +72,17 @@ static __device__ __forceinline__ bool tt_ce_ignored(int64_t t, int64_t V, int64
   return t == ignore_index || t < 0 || t >= V;
 }
 
+/* Row r's target t is ignored; a fault unless ignore_index asked for it. */
+static __device__ __forceinline__ void tt_ce_fault(tt_index_fault *fault, int op, int64_t t, int64_t r, int64_t V,
+                                                   int64_t ignore_index) {
+  if (t != ignore_index) tt_d_index_fault(fault, op, t, r, V);
+}
+
 template <int DT, int G>
 __global__ void tt_ce_forward(int64_t N, int64_t V, const typename tt_ft<DT>::S *__restrict__ logits,
                               const int64_t *__restrict__ targets, int64_t ignore_index,
-                              typename tt_ft<DT>::S *__restrict__ losses, typename tt_ft<DT>::C *__restrict__ lse) {
+                              typename tt_ft<DT>::S *__restrict__ losses, typename tt_ft<DT>::C *__restrict__ lse,
+                              tt_index_fault *fault) {
   typedef typename tt_ft<DT>::C C;
   constexpr int VW = 16 / sizeof(typename tt_ft<DT>::S);
   constexpr int PER = TT_CUDA_THREADS / G;
@@ -97,8 +108,12 @@ __global__ void tt_ce_forward(int64_t N, int64_t V, const typename tt_ft<DT>::S 
       double l = p.m == -INFINITY ? (double)NAN : (double)p.m + log(p.s);
       lse[r] = (C)l;
       int64_t t = targets[r];
-      losses[r] = tt_ce_ignored(t, V, ignore_index) ? tt_ft<DT>::st((C)0)
-                                                    : tt_ft<DT>::st((C)(l - (double)tt_ft<DT>::ld(x[t])));
+      if (tt_ce_ignored(t, V, ignore_index)) {
+        losses[r] = tt_ft<DT>::st((C)0);
+        tt_ce_fault(fault, TT_FAULT_CROSS_ENTROPY, t, r, V, ignore_index);
+      } else {
+        losses[r] = tt_ft<DT>::st((C)(l - (double)tt_ft<DT>::ld(x[t])));
+      }
     }
   }
 }
@@ -107,7 +122,7 @@ template <int DT, int G>
 __global__ void tt_ce_backward(int64_t N, int64_t V, const typename tt_ft<DT>::S *logits,
                                const int64_t *__restrict__ targets, const typename tt_ft<DT>::C *__restrict__ lse,
                                const typename tt_ft<DT>::S *__restrict__ dlosses, int64_t ignore_index,
-                               typename tt_ft<DT>::S *dlogits) {
+                               typename tt_ft<DT>::S *dlogits, tt_index_fault *fault) {
   typedef typename tt_ft<DT>::C C;
   constexpr int VW = 16 / sizeof(typename tt_ft<DT>::S);
   constexpr int PER = TT_CUDA_THREADS / G;
@@ -118,6 +133,7 @@ __global__ void tt_ce_backward(int64_t N, int64_t V, const typename tt_ft<DT>::S
     const bool vec = tt_al16(x) && tt_al16(dx);
     const int64_t t = targets[r];
     const bool ign = tt_ce_ignored(t, V, ignore_index);
+    if (ign && lane == 0) tt_ce_fault(fault, TT_FAULT_CROSS_ENTROPY_BACKWARD, t, r, V, ignore_index);
     const C g = ign ? (C)0 : tt_ft<DT>::ld(dlosses[r]), l = ign ? (C)0 : lse[r];
     for (int64_t e = (int64_t)lane * VW; e < V; e += (int64_t)G * VW) {
       int64_t cnt = V - e < VW ? V - e : VW;
@@ -147,24 +163,25 @@ static tt_status tt_ce_launch(int backward, int64_t N, int64_t V, const void *lo
   cudaStream_t s;
   tt_status st = tt_cuda_current(&device, &s);
   if (st != TT_OK) return st;
+  tt_index_fault *f = tt_cuda_fault(device);
   const bool small = V <= 1024;
   const int G = small ? 32 : TT_CUDA_THREADS;
   unsigned int g = tt_cuda_group_blocks(N, G);
   if (!backward) {
     if (small)
       tt_ce_forward<DT, 32><<<g, TT_CUDA_THREADS, 0, s>>>(N, V, (const S *)logits, targets, ignore_index, (S *)out0,
-                                                          (C *)out1);
+                                                          (C *)out1, f);
     else
       tt_ce_forward<DT, TT_CUDA_THREADS><<<g, TT_CUDA_THREADS, 0, s>>>(N, V, (const S *)logits, targets, ignore_index,
-                                                                       (S *)out0, (C *)out1);
+                                                                       (S *)out0, (C *)out1, f);
     TT_CUDA_CHECK_LAUNCH("tt_ce_forward");
   } else {
     if (small)
       tt_ce_backward<DT, 32><<<g, TT_CUDA_THREADS, 0, s>>>(N, V, (const S *)logits, targets, (const C *)lse_in,
-                                                           (const S *)dlosses, ignore_index, (S *)out0);
+                                                           (const S *)dlosses, ignore_index, (S *)out0, f);
     else
       tt_ce_backward<DT, TT_CUDA_THREADS><<<g, TT_CUDA_THREADS, 0, s>>>(
-          N, V, (const S *)logits, targets, (const C *)lse_in, (const S *)dlosses, ignore_index, (S *)out0);
+          N, V, (const S *)logits, targets, (const C *)lse_in, (const S *)dlosses, ignore_index, (S *)out0, f);
     TT_CUDA_CHECK_LAUNCH("tt_ce_backward");
   }
   return TT_OK;
@@ -190,4 +207,30 @@ extern "C" tt_status tt_cuda_cross_entropy_backward(int dtype, int64_t N, int64_
   }
   return tt_error_set(TT_ERR_DTYPE, "cuda cross_entropy_backward: dtype %d not supported (f32, f64, bf16, f16)",
                       dtype);
+}
+
+/* ---- count of the targets that are not ignored ---------------------------- */
+
+/* An integer sum is the same in any order, so the blocks may meet in an
+ * atomic add without costing determinism. */
+__global__ void tt_ce_count_kernel(int64_t N, const int64_t *__restrict__ targets, int64_t ignore_index,
+                                   unsigned long long *count) {
+  unsigned long long c = 0;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (int64_t)gridDim.x * blockDim.x)
+    c += targets[i] != ignore_index;
+  for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+  if (threadIdx.x % 32 == 0 && c) atomicAdd(count, c);
+}
+
+extern "C" tt_status tt_cuda_count_valid(int64_t N, const int64_t *targets, int64_t ignore_index, int64_t *count) {
+  int device;
+  cudaStream_t s;
+  tt_status st = tt_cuda_current(&device, &s);
+  if (st != TT_OK) return st;
+  TT_CUDA_CHECK(cudaMemsetAsync(count, 0, sizeof *count, s));
+  if (N <= 0) return TT_OK;
+  tt_ce_count_kernel<<<tt_cuda_blocks(N), TT_CUDA_THREADS, 0, s>>>(N, targets, ignore_index,
+                                                                   (unsigned long long *)count);
+  TT_CUDA_CHECK_LAUNCH("tt_ce_count_kernel");
+  return TT_OK;
 }

@@ -230,15 +230,18 @@ end
 -- opts: ignore_index (-100), reduction ("mean" | "sum" | "none"),
 -- num_tokens (the mean's denominator; default: the local count of targets
 -- that are not ignored — a trainer passes the global count).
--- Returns the loss and the number of targets that counted.
+-- Returns the loss and, without num_tokens, the number of targets that
+-- counted (nil with num_tokens: counting GPU targets waits for the GPU,
+-- which a train step must not do).
 function M.cross_entropy(logits, targets, opts)
   opts = opts or {}
   local ignore = opts.ignore_index or -100
   local reduction = opts.reduction or "mean"
+  local want_count = opts.num_tokens == nil
   o1[0], o2[0] = nil, nil
-  check(C.tt_op_cross_entropy(cptr(logits), cptr(targets), ignore, o1, o2, nvalid), 2)
+  check(C.tt_op_cross_entropy(cptr(logits), cptr(targets), ignore, o1, o2, want_count and nvalid or nil), 2)
   local losses, lse = wrap(o1[0]), wrap(o2[0])
-  local count = tonumber(nvalid[0])
+  local count = want_count and tonumber(nvalid[0]) or nil
   local N = logits:size(1)
   local out, factor
   if reduction == "none" then

@@ -6,6 +6,7 @@
 --   t:backward()              gradients into .grad of leaves
 --   titan.nn, titan.F         modules and differentiable primitives
 --   titan.memory_stats()      the caching allocator's statistics
+--   titan.synchronize(dev)    wait for a device; raise its deferred index errors
 local tffi = require("titan.ffi")
 local tensor = require("titan.tensor")
 local memory = require("titan.memory")
@@ -57,6 +58,14 @@ function titan.set_num_threads(n) C.tt_set_num_threads(n) end
 function titan.cuda_available() return C.tt_cuda_available() ~= 0 end
 function titan.cuda_device_count() return C.tt_cuda_device_count() end
 function titan.live_tensors() return tonumber(C.tt_tensor_live_count()) end
+-- synchronize("cuda:0") waits for the device's queued work and raises the
+-- first out-of-range index its kernels met since the last check (GPU index
+-- kernels record one instead of faulting; :item() and copies to the host
+-- raise it too). Default device: cuda:0 when there is a GPU, else cpu.
+function titan.synchronize(device)
+  local dev = device or (titan.cuda_available() and "cuda" or "cpu")
+  tffi.check(C.tt_device_synchronize(tensor.device_of(dev)), 2)
+end
 
 local stats = ffi.new("tt_mem_stats")
 -- memory_stats("cpu" | "cuda:0") -> {allocated, reserved, peak_allocated, num_allocs, ...} in bytes
@@ -73,8 +82,6 @@ function titan.memory_stats(device)
     num_ooms = tonumber(stats.num_ooms),
   }
 end
--- Wait until everything queued on the device has run.
-function titan.synchronize(device) tffi.check(C.tt_device_synchronize(tensor.device_of(device or "cpu")), 2) end
 function titan.reset_peak_memory(device) C.tt_memory_reset_peak(tensor.device_of(device)) end
 function titan.empty_cache(device) C.tt_memory_empty_cache(tensor.device_of(device)) end
 

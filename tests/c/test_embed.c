@@ -36,8 +36,8 @@ static void check_values(int64_t n_ids, int64_t dim, int64_t vocab) {
   to_f32(w, wf, nw); to_f32(dy, dyf, no); to_f32(dw, dwf, nw);
 
   nan_f64(out, no); nan_f32(outf, no);
-  CHECK(tt_cpu_embedding(TT_F64, n_ids, dim, w, ids, out) == TT_OK, "f64 embedding");
-  CHECK(tt_cpu_embedding(TT_F32, n_ids, dim, wf, ids, outf) == TT_OK, "f32 embedding");
+  CHECK(tt_cpu_embedding(TT_F64, n_ids, dim, vocab, w, ids, out) == TT_OK, "f64 embedding");
+  CHECK(tt_cpu_embedding(TT_F32, n_ids, dim, vocab, wf, ids, outf) == TT_OK, "f32 embedding");
   int ok64 = 1, ok32 = 1;
   for (int64_t i = 0; i < n_ids; i++) {
     ok64 &= !memcmp(out + i * dim, w + ids[i] * dim, dim * sizeof(double));
@@ -71,7 +71,7 @@ static void check_bf16_lookup(void) {
   for (int k = 0; k < 35; k++) w[k] = (uint16_t)(0x3f80 + k);
   make_ids(n, vocab, ids);
   memset(out, 0xff, sizeof out);
-  CHECK(tt_cpu_embedding(TT_BF16, n, dim, w, ids, out) == TT_OK, "bf16 embedding");
+  CHECK(tt_cpu_embedding(TT_BF16, n, dim, vocab, w, ids, out) == TT_OK, "bf16 embedding");
   int ok = 1;
   for (int64_t i = 0; i < n; i++) ok &= !memcmp(out + i * dim, w + ids[i] * dim, dim * sizeof(uint16_t));
   CHECK(ok, "bf16 rows");
@@ -92,7 +92,7 @@ static void check_gradient(void) {
     double keep = w[k], l[2];
     for (int side = 0; side < 2; side++) {
       w[k] = keep + (side ? -h : h);
-      tt_cpu_embedding(TT_F64, n, dim, w, ids, out);
+      tt_cpu_embedding(TT_F64, n, dim, vocab, w, ids, out);
       l[side] = 0;
       for (int64_t i = 0; i < no; i++) l[side] += g[i] * out[i];
     }
@@ -136,7 +136,7 @@ int main(void) {
   check_determinism();
   double z = 0;
   int64_t id = 0;
-  CHECK(tt_cpu_embedding(TT_I32, 1, 1, &z, &id, &z) == TT_ERR_DTYPE, "i32 refused");
+  CHECK(tt_cpu_embedding(TT_I32, 1, 1, 1, &z, &id, &z) == TT_ERR_DTYPE, "i32 refused");
   CHECK(tt_cpu_embedding_backward(TT_BF16, 1, 1, 1, &z, &id, &z) == TT_ERR_DTYPE, "bf16 backward refused");
   return tt_test_summary("test_embed");
 }
