@@ -89,6 +89,12 @@ void tt_set_num_threads(int n);
 const char *tt_blas_info(void);
 int tt_cuda_available(void);
 int tt_cuda_device_count(void);
+/* Deterministic mode (config debug.deterministic), process-wide, off by
+ * default: the same seed gives the same bits on every run of one GPU. The
+ * CPU always is; on CUDA it keeps cuDNN attention to engine configs without
+ * the NONDETERMINISTIC note (else the deterministic fallback kernel). */
+void tt_set_deterministic(int on);
+int tt_deterministic(void);
 
 /* ---- dtypes ----------------------------------------------------------- */
 size_t tt_dtype_size(int dtype);
