@@ -116,6 +116,11 @@ typedef struct tt_mem_stats {
 tt_status tt_memory_stats(tt_device dev, tt_mem_stats *out);
 void tt_memory_reset_peak(tt_device dev);
 void tt_memory_empty_cache(tt_device dev);
+/* The pinned (page-locked) host buffers async checkpoints snapshot CUDA
+ * tensors into: one cache for the process, kept between checkpoints;
+ * empty_cache returns the cached ones to the system. */
+tt_status tt_memory_pinned_stats(tt_mem_stats *out);
+void tt_memory_pinned_empty_cache(void);
 /* Live tensor objects (all devices): a leak detector for tests. */
 int64_t tt_tensor_live_count(void);
 
