@@ -416,8 +416,10 @@ typedef struct tt_ckpt_writer tt_ckpt_writer;
 tt_status tt_ckpt_writer_open(const char *path, int rank, tt_ckpt_writer **out);
 /* Queue t's elements (contiguous order) stored as dtype (-1: t's own).
  * snapshot = 1 copies them into host memory now, so t may change as soon as
- * this returns (async saves); else t is retained and read when written.
- * *offset, *nbytes: where the bytes will lie in the file. */
+ * this returns (async saves): a CUDA tensor without a host wait, into pinned
+ * memory on a copy stream that later kernels of the compute stream wait for
+ * (the writer waits for the copy before it writes); else t is retained and
+ * read when written. *offset, *nbytes: where the bytes will lie in the file. */
 tt_status tt_ckpt_writer_add(tt_ckpt_writer *w, tt_tensor *t, int dtype, int snapshot, uint64_t *offset,
                              uint64_t *nbytes);
 /* Write everything: now (async = 0), or on a POSIX thread (async = 1). */
