@@ -94,6 +94,12 @@ int tt_cuda_device_count(void);
  * last report: GPU kernels record such an index instead of faulting, and
  * device->host copies report it too. TT_OK on cpu and meta. */
 tt_status tt_device_synchronize(tt_device dev);
+/* Deterministic mode (config debug.deterministic), process-wide, off by
+ * default: the same seed gives the same bits on every run of one GPU. The
+ * CPU always is; on CUDA it keeps cuDNN attention to engine configs without
+ * the NONDETERMINISTIC note (else the deterministic fallback kernel). */
+void tt_set_deterministic(int on);
+int tt_deterministic(void);
 
 /* ---- dtypes ----------------------------------------------------------- */
 size_t tt_dtype_size(int dtype);
@@ -115,6 +121,11 @@ typedef struct tt_mem_stats {
 tt_status tt_memory_stats(tt_device dev, tt_mem_stats *out);
 void tt_memory_reset_peak(tt_device dev);
 void tt_memory_empty_cache(tt_device dev);
+/* The pinned (page-locked) host buffers async checkpoints snapshot CUDA
+ * tensors into: one cache for the process, kept between checkpoints;
+ * empty_cache returns the cached ones to the system. */
+tt_status tt_memory_pinned_stats(tt_mem_stats *out);
+void tt_memory_pinned_empty_cache(void);
 /* Live tensor objects (all devices): a leak detector for tests. */
 int64_t tt_tensor_live_count(void);
 /* Private memory pools (CUDA graphs, docs/cuda.md). While a pool is active on
@@ -447,8 +458,10 @@ typedef struct tt_ckpt_writer tt_ckpt_writer;
 tt_status tt_ckpt_writer_open(const char *path, int rank, tt_ckpt_writer **out);
 /* Queue t's elements (contiguous order) stored as dtype (-1: t's own).
  * snapshot = 1 copies them into host memory now, so t may change as soon as
- * this returns (async saves); else t is retained and read when written.
- * *offset, *nbytes: where the bytes will lie in the file. */
+ * this returns (async saves): a CUDA tensor without a host wait, into pinned
+ * memory on a copy stream that later kernels of the compute stream wait for
+ * (the writer waits for the copy before it writes); else t is retained and
+ * read when written. *offset, *nbytes: where the bytes will lie in the file. */
 tt_status tt_ckpt_writer_add(tt_ckpt_writer *w, tt_tensor *t, int dtype, int snapshot, uint64_t *offset,
                              uint64_t *nbytes);
 /* Write everything: now (async = 0), or on a POSIX thread (async = 1). */

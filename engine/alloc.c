@@ -28,7 +28,6 @@
 
 #include "internal.h"
 
-#define TT_NUM_CLASSES 256
 #define TT_MAX_CUDA_DEVICES 16
 
 typedef struct tt_block {
@@ -79,7 +78,7 @@ static tt_pool *tt_pool_of(tt_device dev) {
 }
 
 /* Size class: 512 B granularity below 4 KiB, then 4 steps per power of two. */
-static int tt_size_class(size_t n, size_t *rounded) {
+int tt_size_class(size_t n, size_t *rounded) {
   if (n <= 4096) {
     size_t r = (n + 511) & ~(size_t)511;
     if (r == 0) r = 512;

@@ -1,8 +1,10 @@
 /*
  * checkpoint.c — the byte side of checkpoints: CRC-32C, the per-rank data
- * file writer (inline or on a POSIX thread), the region reader that copies
- * any box of a stored chunk into any box of a tensor, the few file-system
- * calls a crash-safe commit needs, and the SIGTERM/SIGINT flag.
+ * file writer (inline or on a POSIX thread, from snapshots taken when a
+ * tensor is queued: CUDA tensors copied asynchronously into pinned memory,
+ * engine/pinned.c), the region reader that copies any box of a stored chunk
+ * into any box of a tensor, the few file-system calls a crash-safe commit
+ * needs, and the SIGTERM/SIGINT flag.
  *
  * Decisions (which chunks, which boxes, the metadata) are Lua's
  * (lua/titan/checkpoint/); this file only moves bytes. The format is
@@ -116,7 +118,10 @@ static tt_status tt_fsync_fd(int fd, const char *path) {
 #define TT_CKPT_ALIGN 64u
 
 typedef struct {
-  tt_tensor *t; /* retained (or a host snapshot we own) */
+  tt_tensor *t;          /* retained (or a host snapshot we own); NULL for a pinned snapshot */
+  void *pinned;          /* a pinned snapshot: the stored bytes, packed (engine/pinned.c) */
+  void *copied;          /* the copy into `pinned` still to be waited for (an event of be) */
+  const tt_kernels *be;  /* the backend copying into `pinned` */
   int dtype;
   uint64_t offset, nbytes;
   uint32_t crc;
@@ -159,6 +164,53 @@ tt_status tt_ckpt_writer_open(const char *path, int rank, tt_ckpt_writer **out) 
   return TT_OK;
 }
 
+/* A device tensor's snapshot into pinned host memory, without a host wait:
+ * packed in the stored dtype on the device first when it is not already (a
+ * kernel on the compute stream), then copied asynchronously (kernels.h,
+ * copy_to_host_async: later kernels, such as the optimizer step, wait for
+ * the copy on the device). The packed temporary goes back to the caching
+ * allocator at once: whoever gets it next is queued after the copy too. */
+static tt_status tt_ckpt_snapshot_pinned(tt_ckpt_item *it, tt_tensor *t, const tt_kernels *be) {
+  tt_tensor *packed = NULL;
+  const tt_tensor *src = t;
+  if (!(t->dtype == it->dtype && tt_tensor_is_contiguous(t))) {
+    TT_TRY(tt_tensor_empty(t->ndim, t->shape, it->dtype, t->device, &packed));
+    src = packed;
+  }
+  tt_status st = packed ? tt_tensor_copy(packed, t) : TT_OK;
+  if (st == TT_OK) st = tt_pinned_alloc(be, (size_t)it->nbytes, &it->pinned);
+  if (st == TT_OK) {
+    st = be->copy_to_host_async(t->device.index, it->pinned, tt_tensor_data(src), (size_t)it->nbytes, &it->copied);
+    if (st == TT_OK) {
+      it->be = be;
+    } else {
+      tt_pinned_free(it->pinned, (size_t)it->nbytes);
+      it->pinned = NULL;
+    }
+  }
+  tt_tensor_release(packed);
+  return st;
+}
+
+/* Waits for an item's pinned snapshot to land (nothing to wait for otherwise). */
+static tt_status tt_ckpt_item_landed(tt_ckpt_item *it) {
+  if (!it->copied) return TT_OK;
+  tt_status st = it->be->event_wait(it->copied);
+  it->be->event_free(it->copied);
+  it->copied = NULL;
+  return st;
+}
+
+/* Gives an item's memory back; a pinned buffer only once its copy has
+ * landed (until then the copy engine may still write into it). */
+static void tt_ckpt_item_release(tt_ckpt_item *it) {
+  (void)tt_ckpt_item_landed(it);
+  tt_pinned_free(it->pinned, (size_t)it->nbytes);
+  it->pinned = NULL;
+  tt_tensor_release(it->t);
+  it->t = NULL;
+}
+
 tt_status tt_ckpt_writer_add(tt_ckpt_writer *w, tt_tensor *t, int dtype, int snapshot, uint64_t *offset,
                              uint64_t *nbytes) {
   if (w->started) return tt_error_set(TT_ERR_INVALID, "checkpoint: %s: add after start", w->path);
@@ -178,7 +230,10 @@ tt_status tt_ckpt_writer_add(tt_ckpt_writer *w, tt_tensor *t, int dtype, int sna
   it->dtype = dtype;
   it->nbytes = (uint64_t)tt_tensor_numel(t) * tt_dtype_size(dtype);
   it->offset = tt_align_up(w->size, TT_CKPT_ALIGN);
-  if (snapshot) {
+  const tt_kernels *be = tt_backend(t->device);
+  if (snapshot && t->device.type != TT_CPU && it->nbytes > 0 && be->copy_to_host_async) {
+    TT_TRY(tt_ckpt_snapshot_pinned(it, t, be));
+  } else if (snapshot) {
     /* A packed host copy in the stored dtype, made now: training may go on
      * changing t while the background thread writes. */
     tt_device cpu = {TT_CPU, 0};
@@ -200,9 +255,15 @@ tt_status tt_ckpt_writer_add(tt_ckpt_writer *w, tt_tensor *t, int dtype, int sna
   return TT_OK;
 }
 
-/* Write one item: straight from its memory when it is a packed host tensor
- * of the stored dtype, else through a converted packed copy. */
+/* Write one item: straight from its memory when it is a pinned snapshot
+ * (once landed) or a packed host tensor of the stored dtype, else through a
+ * converted packed copy. */
 static tt_status tt_ckpt_write_item(tt_ckpt_writer *w, tt_ckpt_item *it) {
+  if (it->pinned) {
+    TT_TRY(tt_ckpt_item_landed(it));
+    it->crc = tt_crc32c(0, it->pinned, (size_t)it->nbytes);
+    return tt_pwrite_all(w->fd, it->pinned, (size_t)it->nbytes, it->offset, w->path);
+  }
   tt_tensor *src = it->t, *tmp = NULL;
   if (!(src->device.type == TT_CPU && src->dtype == it->dtype && tt_tensor_is_contiguous(src))) {
     tt_device cpu = {TT_CPU, 0};
@@ -235,8 +296,7 @@ static tt_status tt_ckpt_write_all(tt_ckpt_writer *w) {
   for (int64_t i = 0; i < w->n; i++) {
     TT_TRY(tt_ckpt_write_item(w, &w->items[i]));
     /* Snapshots go as soon as they are on disk: memory peaks once. */
-    tt_tensor_release(w->items[i].t);
-    w->items[i].t = NULL;
+    tt_ckpt_item_release(&w->items[i]);
   }
   /* Padding at the very end (none today) and holes stay zeros. */
   if (ftruncate(w->fd, (off_t)w->size) != 0)
@@ -296,7 +356,7 @@ uint64_t tt_ckpt_writer_size(const tt_ckpt_writer *w) { return w->size; }
 void tt_ckpt_writer_free(tt_ckpt_writer *w) {
   if (!w) return;
   if (w->thread_live) pthread_join(w->thread, NULL);
-  for (int64_t i = 0; i < w->n; i++) tt_tensor_release(w->items[i].t);
+  for (int64_t i = 0; i < w->n; i++) tt_ckpt_item_release(&w->items[i]);
   if (w->fd >= 0) close(w->fd);
   free(w->items);
   free(w->path);

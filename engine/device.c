@@ -87,4 +87,12 @@ void tt_set_num_threads(int n) {
   if (n > 0) omp_set_num_threads(n);
 }
 
+/* Read by the CUDA backend on every attention call (its plans are keyed by
+ * it), so a relaxed atomic suffices: a change applies to the next call. */
+static int tt_deterministic_on = 0;
+
+void tt_set_deterministic(int on) { __atomic_store_n(&tt_deterministic_on, on != 0, __ATOMIC_RELAXED); }
+
+int tt_deterministic(void) { return __atomic_load_n(&tt_deterministic_on, __ATOMIC_RELAXED); }
+
 const char *tt_version(void) { return TITAN_VERSION; }

@@ -27,6 +27,15 @@ tt_status tt_alloc_raw(tt_device dev, size_t nbytes, void **out);
 void tt_free_raw(tt_device dev, void *ptr, size_t nbytes);
 /* The device a private pool serves. */
 tt_device tt_mempool_device(const tt_mempool *pool);
+/* The size class of an n-byte request (< TT_NUM_CLASSES; -1: too large to
+ * cache) and the size it is rounded up to. */
+#define TT_NUM_CLASSES 256
+int tt_size_class(size_t n, size_t *rounded);
+
+/* Pinned host buffers (pinned.c) from be->host_alloc, cached by size class:
+ * the snapshots of async checkpoints. Any thread may free. */
+tt_status tt_pinned_alloc(const tt_kernels *be, size_t nbytes, void **out);
+void tt_pinned_free(void *ptr, size_t nbytes);
 
 /* Tensors (tensor.c). */
 tt_status tt_tensor_new_view(const tt_tensor *base, int ndim, const int64_t *shape, const int64_t *strides,

@@ -67,6 +67,22 @@ typedef struct tt_kernels {
    * whose indices the engine checks before the kernel (the CPU). */
   tt_status (*check_errors)(int device, tt_index_fault *fault);
 
+  /* -- pinned host memory and asynchronous device->host copies: the
+   *    snapshots of async checkpoints (engine/checkpoint.c; engine/pinned.c
+   *    caches the buffers). All five are set or none (the CPU: its
+   *    snapshots are a plain copy). -- */
+  /* Page-locked host memory that any device can copy into asynchronously. */
+  tt_status (*host_alloc)(size_t nbytes, void **out);
+  void (*host_free)(void *ptr);
+  /* dst (from host_alloc) <- src (device memory) with no host wait, ordered
+   * after the work already queued on the device's compute stream; work
+   * queued there afterwards runs after the copy, so it may overwrite src.
+   * *event: the copy's completion, for event_wait, then event_free. */
+  tt_status (*copy_to_host_async)(int device, void *dst, const void *src, size_t nbytes, void **event);
+  /* Blocks the calling thread (any thread) until the event has completed. */
+  tt_status (*event_wait)(void *event);
+  void (*event_free)(void *event);
+
   /* -- data movement -- */
   /* dst[idx] = (dst_dtype) src[idx] over an ndim index space. */
   tt_status (*copy)(int ndim, const int64_t *shape, int src_dtype, const void *src, const int64_t *src_strides,

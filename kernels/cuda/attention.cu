@@ -14,12 +14,12 @@
  *     SDPA node emits for cuDNN 9 (matmul -> scale -> mask -> softmax ->
  *     matmul, and its backward), which cuDNN's fused attention engines
  *     recognise. A graph + execution plan is built once per (direction,
- *     dtype, B, T, S, Hq, Hkv, D, causal) and kept in a small per-device
- *     cache (ATT_CACHE entries, round-robin eviction); a shape cuDNN refused
- *     is cached too, so it is not retried. One per-device workspace is
- *     allocated on first need and grown when a plan needs more (never
- *     shrunk); steady state allocates nothing. Runs on the device's compute
- *     stream.
+ *     dtype, B, T, S, Hq, Hkv, D, causal, deterministic mode) and kept in a
+ *     small per-device cache (ATT_CACHE entries, round-robin eviction); a
+ *     shape cuDNN refused is cached too, so it is not retried. One
+ *     per-device workspace is allocated on first need and grown when a plan
+ *     needs more (never shrunk); steady state allocates nothing. Runs on the
+ *     device's compute stream.
  *  2. The plain CUDA kernels of attention_fallback.cu (tiled online softmax,
  *     deterministic two-pass backward) for everything else: f32 and f64,
  *     head dims that are not a multiple of 8 (or above what the GPU's cuDNN
@@ -28,6 +28,18 @@
  *     is built. The choice is logged once per (direction, shape, dtype) on
  *     stderr. A failure while a built plan executes is an error, not a
  *     fallback.
+ *
+ * Deterministic mode (tt_deterministic(), config debug.deterministic). The
+ * SDPA backward engines may accumulate dQ across key blocks with float
+ * atomics, so the bits of dQ depend on timing. In this mode every engine
+ * config whose numerical notes include CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC
+ * (or whose notes cannot be read) is skipped, and the backward graph asks
+ * for a deterministic algorithm the way cudnn-frontend does (its
+ * rowsum(dO * O) reduction marked CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC,
+ * cuDNN 9.5 and later). When no config is left, the call goes to the
+ * fallback kernels (deterministic by construction), logged once per shape.
+ * The mode is part of the plan key: switching it never reuses a plan built
+ * for the other.
  *
  * The graphs. Tensors are 4-d [batch, heads, seq, dim] views of our
  * [B, seq, heads, D] buffers, so no transposes are needed; strides in
@@ -69,7 +81,7 @@
 #define ATT_DESCS 160    /* descriptors one plan keeps alive */
 #define ATT_OPS 48       /* operations in one graph */
 #define ATT_CFGS 8       /* engine configs tried per heuristics mode */
-#define ATT_LOGGED 256   /* (direction, shape, dtype) keys whose fallback was announced */
+#define ATT_LOGGED 256   /* (direction, shape, dtype, mode) keys whose fallback was announced */
 #define ATT_REASON 320   /* bytes of a "why cuDNN is not used" text */
 #define ATT_ALIGN 16     /* byte alignment the graphs declare for every tensor */
 #define ATT_WS_ROUND (1u << 20)
@@ -98,7 +110,7 @@ enum {
 
 /* Compared with memcmp: always memset before filling. */
 struct att_key {
-  int32_t dir, dtype, causal, pad;
+  int32_t dir, dtype, causal, det; /* det: built for deterministic mode */
   int64_t B, T, S, Hq, Hkv, D;
 };
 
@@ -273,13 +285,16 @@ static void att_matmul(att_graph *g, cudnnBackendDescriptor_t a, cudnnBackendDes
   att_add_op(g, op);
 }
 
-/* y = reduce(x) over the dims where y is smaller (sizes 1, or kv heads). */
+/* y = reduce(x) over the dims where y is smaller (sizes 1, or kv heads).
+ * deterministic: set CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC (see the header). */
 static void att_reduce(att_graph *g, cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x,
-                       cudnnBackendDescriptor_t y) {
+                       cudnnBackendDescriptor_t y, bool deterministic) {
   const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
   cudnnBackendDescriptor_t rd = ATT_NEW(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
   ATT_SET(g, rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
   ATT_SET(g, rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
+  if (deterministic)
+    ATT_SET(g, rd, CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC, CUDNN_TYPE_BOOLEAN, 1, &deterministic);
   ATT_FINALIZE(g, rd, "reduction");
   cudnnBackendDescriptor_t op = ATT_NEW(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
   ATT_SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
@@ -359,13 +374,13 @@ static void att_build_forward(att_graph *g, const att_key *k) {
   if (k->causal) ss = att_causal_mask(g, k, ss);
 
   cudnnBackendDescriptor_t mx = att_virtual(g, F, row1);
-  att_reduce(g, CUDNN_REDUCE_TENSOR_MAX, ss, mx);
+  att_reduce(g, CUDNN_REDUCE_TENSOR_MAX, ss, mx, false);
   cudnnBackendDescriptor_t sub = att_virtual(g, F, v.scores);
   att_pw2(g, CUDNN_POINTWISE_SUB, ss, mx, sub);
   cudnnBackendDescriptor_t e = att_virtual(g, F, v.scores);
   att_pw1(g, CUDNN_POINTWISE_EXP, sub, e);
   cudnnBackendDescriptor_t z = att_virtual(g, F, row1);
-  att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, e, z);
+  att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, e, z, false);
   cudnnBackendDescriptor_t lz = att_virtual(g, F, row1);
   att_pw1(g, CUDNN_POINTWISE_LOG, z, lz);
   att_pw2(g, CUDNN_POINTWISE_ADD, mx, lz, STATS);
@@ -397,7 +412,7 @@ static void att_build_backward(att_graph *g, const att_key *k) {
   cudnnBackendDescriptor_t doo = att_virtual(g, F, att_shp(B, Hq, T, D, Hq * T * D, T * D, Hq * D, 1));
   att_pw2(g, CUDNN_POINTWISE_MUL, dO, O, doo);
   cudnnBackendDescriptor_t red = att_virtual(g, F, row1);
-  att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, doo, red);
+  att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, doo, red, k->det && cudnnGetVersion() >= 90500);
   cudnnBackendDescriptor_t sd = att_io(g, UID_SOFTMAX_SUM, F, att_packed(B, Hq, T, 1));
   att_pw2(g, CUDNN_POINTWISE_MUL, red, ONE, sd);
 
@@ -420,7 +435,7 @@ static void att_build_backward(att_graph *g, const att_key *k) {
   } else {
     cudnnBackendDescriptor_t dvh = att_virtual(g, g->io, per_qhead);
     att_matmul(g, pt, dO, dvh);
-    att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, dvh, dV);
+    att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, dvh, dV, false);
   }
 
   /* dS = P (dO V^T - Sd) scale. */
@@ -441,7 +456,7 @@ static void att_build_backward(att_graph *g, const att_key *k) {
   } else {
     cudnnBackendDescriptor_t dkh = att_virtual(g, g->io, per_qhead);
     att_matmul(g, dst, Q, dkh);
-    att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, dkh, dK);
+    att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, dkh, dK, false);
   }
 
   /* dQ = dS K, accumulated in f32 in the workspace, then converted. */
@@ -486,12 +501,32 @@ static void att_plan_release(att_plan *p) {
   p->state = ATT_EMPTY;
 }
 
+/* 1 when engine config `cfg` is marked CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC,
+ * or when its notes cannot be read (then nothing says it is deterministic). */
+static int att_cfg_nondeterministic(cudnnBackendDescriptor_t cfg) {
+  cudnnBackendDescriptor_t engine = NULL;
+  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  int64_t n = 0;
+  cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                  CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes);
+  if (engine) cudnnBackendDestroyDescriptor(engine);
+  if (st != CUDNN_STATUS_SUCCESS) return 1;
+  for (int64_t i = 0; i < n && i < CUDNN_NUMERICAL_NOTE_TYPE_COUNT; i++)
+    if (notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) return 1;
+  return 0;
+}
+
 /* Finds an execution plan for the finalized operation graph `og`: the
  * engine configs heuristics mode A proposes, then mode FALLBACK's, the first
- * that finalizes wins. */
+ * that finalizes wins; with `det`, only configs not marked nondeterministic. */
 static cudnnBackendDescriptor_t att_find_plan(att_graph *g, cudnnHandle_t handle, cudnnBackendDescriptor_t og,
-                                              int64_t *ws) {
+                                              int det, int64_t *ws) {
   char last[ATT_REASON] = "no engine config proposed";
+  int skipped = 0; /* configs deterministic mode refused */
   const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
   for (int m = 0; m < 2 && g->status == CUDNN_STATUS_SUCCESS; m++) {
     cudnnBackendDescriptor_t heur = ATT_NEW(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
@@ -519,6 +554,10 @@ static cudnnBackendDescriptor_t att_find_plan(att_graph *g, cudnnHandle_t handle
       break;
     }
     for (int64_t i = 0; i < got && i < count; i++) {
+      if (det && att_cfg_nondeterministic(cfgs[i])) {
+        skipped++;
+        continue;
+      }
       /* A config may fail to finalize (unsupported on this GPU): try the next. */
       cudnnBackendDescriptor_t plan = NULL;
       st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan);
@@ -545,7 +584,12 @@ static cudnnBackendDescriptor_t att_find_plan(att_graph *g, cudnnHandle_t handle
   }
   if (g->status == CUDNN_STATUS_SUCCESS) {
     g->status = CUDNN_STATUS_NOT_SUPPORTED;
-    snprintf(g->failure, sizeof g->failure, "%s", last);
+    if (skipped > 0)
+      snprintf(g->failure, sizeof g->failure,
+               "deterministic mode: %d engine config(s) skipped as nondeterministic, none other usable (%s)", skipped,
+               last);
+    else
+      snprintf(g->failure, sizeof g->failure, "%s", last);
   }
   return NULL;
 }
@@ -567,7 +611,7 @@ static void att_plan_build(att_dev *dv, att_plan *p, const att_key *key) {
   ATT_SET(g, og, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &dv->handle);
   ATT_FINALIZE(g, og, "operation graph");
   int64_t plan_ws = 0;
-  if (g->status == CUDNN_STATUS_SUCCESS) p->plan = att_find_plan(g, dv->handle, og, &plan_ws);
+  if (g->status == CUDNN_STATUS_SUCCESS) p->plan = att_find_plan(g, dv->handle, og, key->det, &plan_ws);
   if (g->status != CUDNN_STATUS_SUCCESS || !p->plan) {
     snprintf(p->reason, sizeof p->reason, "%s", g->failure);
     att_graph_release(g);
@@ -842,6 +886,8 @@ static const char *att_dtype_name(int dtype) {
   }
 }
 
+/* The mode is read per call: the trainer sets it once at start, a test may
+ * switch it between calls. */
 static att_key att_make_key(int dir, int dtype, int64_t B, int64_t T, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
                             int causal) {
   att_key k;
@@ -849,6 +895,7 @@ static att_key att_make_key(int dir, int dtype, int64_t B, int64_t T, int64_t S,
   k.dir = dir;
   k.dtype = dtype;
   k.causal = causal != 0;
+  k.det = tt_deterministic() != 0;
   k.B = B;
   k.T = T;
   k.S = S;
@@ -862,8 +909,8 @@ static std::mutex att_log_lock;
 static att_key att_logged[ATT_LOGGED];
 static int att_nlogged;
 
-/* One stderr line per (direction, shape, dtype); quiet once ATT_LOGGED
- * distinct keys have been announced. */
+/* One stderr line per (direction, shape, dtype, mode); quiet once
+ * ATT_LOGGED distinct keys have been announced. */
 static void att_log_fallback(const att_key *k, const char *why) {
   {
     std::lock_guard<std::mutex> guard(att_log_lock);
@@ -873,11 +920,11 @@ static void att_log_fallback(const att_key *k, const char *why) {
     att_logged[att_nlogged++] = *k;
   }
   fprintf(stderr,
-          "attention: cuDNN SDPA unavailable for %s B=%lld T=%lld S=%lld Hq=%lld Hkv=%lld D=%lld%s %s (%s): using "
-          "the CUDA fallback kernel\n",
+          "attention: cuDNN SDPA unavailable for %s B=%lld T=%lld S=%lld Hq=%lld Hkv=%lld D=%lld%s %s%s (%s): "
+          "using the CUDA fallback kernel\n",
           k->dir == ATT_FWD ? "forward" : "backward", (long long)k->B, (long long)k->T, (long long)k->S,
           (long long)k->Hq, (long long)k->Hkv, (long long)k->D, k->causal ? " causal" : "",
-          att_dtype_name(k->dtype), why);
+          att_dtype_name(k->dtype), k->det ? " deterministic" : "", why);
 }
 
 static tt_status att_check(const char *op, int dtype, int64_t D) {

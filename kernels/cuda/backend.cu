@@ -17,7 +17,8 @@
  *
  * The table's kernels live one family per file (elementwise.cu, reduce.cu,
  * index.cu, embed.cu, norm.cu, rope.cu, attention.cu, act.cu, loss.cu,
- * optim.cu, rng.cu, copy.cu, gemm.cu).
+ * optim.cu, rng.cu, copy.cu, gemm.cu); pinned host memory and the
+ * asynchronous device->host copies of checkpoint snapshots are in host.cu.
  */
 #include <atomic>
 #include <mutex>
@@ -291,6 +292,12 @@ static tt_kernels tt_cuda_table_make(void) {
   k.cross_entropy_backward = tt_cuda_cross_entropy_backward;
   k.count_valid = tt_cuda_count_valid;
   k.adamw = tt_cuda_adamw;
+  /* pinned host memory, asynchronous snapshots (host.cu) */
+  k.host_alloc = tt_cuda_host_alloc;
+  k.host_free = tt_cuda_host_free;
+  k.copy_to_host_async = tt_cuda_copy_to_host_async;
+  k.event_wait = tt_cuda_event_wait;
+  k.event_free = tt_cuda_event_free;
   return k;
 }
 

@@ -44,6 +44,13 @@ tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t batch, int64
                        double alpha, const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb,
                        int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c);
 
+/* host.cu: pinned host memory and asynchronous device->host copies. */
+tt_status tt_cuda_host_alloc(size_t nbytes, void **out);
+void tt_cuda_host_free(void *ptr);
+tt_status tt_cuda_copy_to_host_async(int device, void *dst, const void *src, size_t nbytes, void **event);
+tt_status tt_cuda_event_wait(void *event);
+void tt_cuda_event_free(void *event);
+
 /* rng.cu: arange and random numbers (the same Philox stream as the CPU). */
 tt_status tt_cuda_arange(int dtype, int64_t n, double start, double step, void *dst);
 tt_status tt_cuda_rng(int kind, int dtype, int64_t n, uint64_t seed, uint64_t offset, double p0, double p1, double p2,

@@ -12,6 +12,16 @@
  * the first GEMM; every GEMM runs on the one compute stream, so sharing it
  * is safe), and a small cache of descriptors + the heuristic's algorithm
  * keyed by everything the choice depends on, pointer alignment included.
+ *
+ * Determinism (debug.deterministic needs nothing here): cuBLASLt gives the
+ * same bits for a fixed algorithm on one GPU, and none of the split-K
+ * reduction schemes its heuristic may pick uses atomics (cublasLt.h,
+ * cublasLtReductionScheme_t: INPLACE serialises the K slices through
+ * counters in the workspace, COMPUTE_TYPE and OUTPUT_TYPE reduce them in a
+ * separate pass), so CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK stays at its
+ * default. The algorithm is chosen once per key by a heuristic that is a
+ * function of the key, and the shared workspace is only ever used by one
+ * stream.
  */
 #include <cublasLt.h>
 #include <mutex>

@@ -84,7 +84,7 @@ M.defaults = {
     pp = 1,
   },
   debug = {
-    deterministic = false,
+    deterministic = false,  -- same seed, same bits on a GPU (cuDNN attention: deterministic engines only)
   },
 }
 

@@ -5,7 +5,7 @@
 --   titan.no_grad(fn)         run without recording gradients
 --   t:backward()              gradients into .grad of leaves
 --   titan.nn, titan.F         modules and differentiable primitives
---   titan.memory_stats()      the caching allocator's statistics
+--   titan.memory_stats()      the caching allocators' statistics (per device, and "pinned")
 --   titan.synchronize(dev)    wait for a device; raise its deferred index errors
 local tffi = require("titan.ffi")
 local tensor = require("titan.tensor")
@@ -55,6 +55,9 @@ function titan.version() return ffi.string(C.tt_version()) end
 function titan.blas_info() return ffi.string(C.tt_blas_info()) end
 function titan.num_threads() return C.tt_num_threads() end
 function titan.set_num_threads(n) C.tt_set_num_threads(n) end
+-- Deterministic mode (debug.deterministic; process-wide): see docs/cuda.md.
+function titan.set_deterministic(on) C.tt_set_deterministic(on and 1 or 0) end
+function titan.deterministic() return C.tt_deterministic() ~= 0 end
 function titan.cuda_available() return C.tt_cuda_available() ~= 0 end
 function titan.cuda_device_count() return C.tt_cuda_device_count() end
 function titan.live_tensors() return tonumber(C.tt_tensor_live_count()) end
@@ -68,9 +71,14 @@ function titan.synchronize(device)
 end
 
 local stats = ffi.new("tt_mem_stats")
--- memory_stats("cpu" | "cuda:0") -> {allocated, reserved, peak_allocated, num_allocs, ...} in bytes
+-- memory_stats("cpu" | "cuda:0" | "pinned") -> {allocated, reserved, peak_allocated, num_allocs, ...} in
+-- bytes; "pinned": the pinned host buffers that async checkpoints snapshot CUDA tensors into
 function titan.memory_stats(device)
-  tffi.check(C.tt_memory_stats(tensor.device_of(device), stats), 2)
+  if device == "pinned" then
+    tffi.check(C.tt_memory_pinned_stats(stats), 2)
+  else
+    tffi.check(C.tt_memory_stats(tensor.device_of(device), stats), 2)
+  end
   return {
     allocated = tonumber(stats.allocated),
     reserved = tonumber(stats.reserved),
@@ -83,6 +91,8 @@ function titan.memory_stats(device)
   }
 end
 function titan.reset_peak_memory(device) C.tt_memory_reset_peak(tensor.device_of(device)) end
-function titan.empty_cache(device) C.tt_memory_empty_cache(tensor.device_of(device)) end
+function titan.empty_cache(device)
+  if device == "pinned" then C.tt_memory_pinned_empty_cache() else C.tt_memory_empty_cache(tensor.device_of(device)) end
+end
 
 return titan

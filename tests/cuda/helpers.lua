@@ -1,7 +1,8 @@
 -- helpers.lua — shared by the GPU specs (tests/cuda/*_spec.lua; this file is
 -- not a spec, so ctest does not run it): the device under test, seeded
--- inputs, poisoned outputs, the raw C calls with preallocated outputs, and
--- comparisons against a CPU reference.
+-- inputs and token batches, poisoned outputs, the raw C calls with
+-- preallocated outputs, model helpers, and comparisons against a CPU
+-- reference.
 --
 -- The device under test is "cuda" (cuda:0). TITAN_GPU_SPEC_DEVICE=cpu runs
 -- the same specs against the CPU itself: a self-test of this harness on a
@@ -94,6 +95,18 @@ function H.f64(t) return t:to("cpu"):to("float64") end
 -- The same values on the device under test.
 function H.dev(t) return t:to(H.DEV) end
 
+-- Fixed batches of random token ids (CPU, int64, kept): {inputs [B, T], targets [B, T]}.
+function H.batches(n, B, T, V, seed)
+  local out = {}
+  for i = 1, n do
+    local ids = H.ids({ B, T + 1 }, V, seed + i)
+    out[i] = { inputs = ids:narrow(2, 1, T):contiguous(), targets = ids:narrow(2, 2, T):contiguous() }
+    titan.keep(out[i].inputs)
+    titan.keep(out[i].targets)
+  end
+  return out
+end
+
 -- An output on the device, every element poisoned: NaN for floats, a
 -- sentinel for integers.
 function H.poison(shape, dt)
@@ -102,6 +115,68 @@ function H.poison(shape, dt)
   elseif dt == "uint8" then v = 171
   elseif dt == "bool" then v = 1 end
   return titan.full(shape, v, { dtype = dt, device = H.DEV })
+end
+
+-- ---- models ------------------------------------------------------------------------
+
+-- Releases a model, its RoPE tables and (when given) its AdamW state now.
+function H.free_model(model, opt)
+  if opt then
+    for _, st in pairs(opt.state) do
+      st.exp_avg:free()
+      st.exp_avg_sq:free()
+      if st.master then st.master:free() end
+    end
+  end
+  if model._rope then
+    model._rope.cos:free()
+    model._rope.sin:free()
+    model._rope = nil
+  end
+  model:free()
+end
+
+-- Mean cross-entropy of batch b ({inputs, targets}) through model on device.
+function H.loss_of(model, b, device)
+  local x, y = b.inputs:to(device), b.targets:to(device)
+  local logits = model(x)
+  local V = logits:size(-1)
+  return titan.F.cross_entropy(logits:reshape(-1, V), y:reshape(-1))
+end
+
+-- Train `steps` AdamW steps (clip 1.0) of llama3 `flavor` built with opts
+-- (device, seed, dtype, overrides) cycling over `bs`; returns the losses,
+-- the gradient norms, the allocated device bytes after each step, and with
+-- keep_weights host copies of the final parameters ({name, tensor}, kept).
+function H.train(flavor, opts, bs, steps, keep_weights)
+  local llama3, optim = require("models.llama3"), require("titan.optim")
+  local device = opts.device
+  local model = llama3.build(flavor, opts)
+  local opt = optim.AdamW(model:named_parameters(), { lr = 3e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 })
+  local params = model:parameters()
+  local losses, norms, mem = {}, {}, {}
+  local stats_dev = device:match("^cuda") and (device == "cuda" and "cuda:0" or device) or "cpu"
+  for step = 1, steps do
+    local b = bs[(step - 1) % #bs + 1]
+    losses[step] = titan.scope(function()
+      local loss = H.loss_of(model, b, device)
+      loss:backward()
+      return loss:item()
+    end)
+    norms[step] = optim.clip_grad_norm(params, 1.0)
+    opt:step()
+    opt:zero_grad()
+    mem[step] = titan.memory_stats(stats_dev).allocated
+  end
+  local weights
+  if keep_weights then
+    weights = {}
+    for _, np in ipairs(model:named_parameters()) do
+      weights[#weights + 1] = { np[1], titan.keep(np[2]:to("cpu"):clone()) }
+    end
+  end
+  H.free_model(model, opt)
+  return losses, norms, mem, weights
 end
 
 -- ---- comparisons ------------------------------------------------------------------

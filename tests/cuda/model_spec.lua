@@ -10,72 +10,12 @@ H.require_device()
 
 local titan = require("titan")
 local llama3 = require("models.llama3")
-local optim = require("titan.optim")
-local F = titan.F
 
 -- A small Llama 3 with GQA and odd-ish sizes: dim 128, 4 heads of 32 over 2 kv heads.
 local SMALL = { dim = 128, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 512, multiple_of = 64,
   max_seq_len = 128 }
 
--- Fixed batches of random token ids (CPU, int64): {inputs [B, T], targets [B, T]}.
-local function batches(n, B, T, V, seed)
-  local out = {}
-  for i = 1, n do
-    local ids = H.ids({ B, T + 1 }, V, seed + i)
-    out[i] = { inputs = ids:narrow(2, 1, T):contiguous(), targets = ids:narrow(2, 2, T):contiguous() }
-    titan.keep(out[i].inputs)
-    titan.keep(out[i].targets)
-  end
-  return out
-end
-
-local function free_model(model, opt)
-  if opt then
-    for _, st in pairs(opt.state) do
-      st.exp_avg:free()
-      st.exp_avg_sq:free()
-      if st.master then st.master:free() end
-    end
-  end
-  if model._rope then
-    model._rope.cos:free()
-    model._rope.sin:free()
-    model._rope = nil
-  end
-  model:free()
-end
-
-local function loss_of(model, b, device)
-  local x, y = b.inputs:to(device), b.targets:to(device)
-  local logits = model(x)
-  local V = logits:size(-1)
-  return F.cross_entropy(logits:reshape(-1, V), y:reshape(-1))
-end
-
--- Train `steps` AdamW steps (clip 1.0) cycling over `bs`; returns the
--- losses, the gradient norms, and the allocated device bytes after each step.
-local function train(flavor, opts, bs, steps)
-  local device = opts.device
-  local model = llama3.build(flavor, opts)
-  local opt = optim.AdamW(model:named_parameters(), { lr = 3e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 })
-  local params = model:parameters()
-  local losses, norms, mem = {}, {}, {}
-  local stats_dev = device:match("^cuda") and (device == "cuda" and "cuda:0" or device) or "cpu"
-  for step = 1, steps do
-    local b = bs[(step - 1) % #bs + 1]
-    losses[step] = titan.scope(function()
-      local loss = loss_of(model, b, device)
-      loss:backward()
-      return loss:item()
-    end)
-    norms[step] = optim.clip_grad_norm(params, 1.0)
-    opt:step()
-    opt:zero_grad()
-    mem[step] = titan.memory_stats(stats_dev).allocated
-  end
-  free_model(model, opt)
-  return losses, norms, mem
-end
+local batches, free_model, loss_of, train = H.batches, H.free_model, H.loss_of, H.train
 
 local function curve_str(xs)
   local s = {}

@@ -536,6 +536,7 @@ describe("CheckpointManager", function()
     local dump = tmpdir()
     local m = model(1)
     local before = m.norm.weight:tolist_flat()
+    local pinned = titan.memory_stats("pinned")
     local mgr = manager(dump, { async_mode = "async" })
     mgr:save(2, { model = m, extra = { step = 2 } })
     titan.no_grad(function() m.norm.weight:fill_(42) end) -- training goes on
@@ -544,6 +545,7 @@ describe("CheckpointManager", function()
     mgr:save(4, { model = m, extra = { step = 4 } })
     mgr:save(6, { model = m, extra = { step = 6 } }) -- waits for step 4 first
     mgr:close()
+    assert.are.same(pinned, titan.memory_stats("pinned")) -- CPU snapshots are plain copies, never pinned
     local ck = format.open(dump .. "/checkpoint/step-2")
     assert.are.same(before, ck:load_tensor("norm.weight"):tolist_flat())
     assert.are.equal(42, format.open(dump .. "/checkpoint/step-6"):load_tensor("norm.weight"):tolist_flat()[1])

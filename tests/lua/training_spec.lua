@@ -161,6 +161,41 @@ describe("bad recipes", function()
   end)
 end)
 
+describe("debug.deterministic", function()
+  it("resolves, is typed, is printed, and the trainer sets the engine's mode from it", function()
+    local recipe, argv = quiet_cfg({ "--training.seq_len=32", "--training.local_batch_size=2",
+      "--validation.enable=false" })
+    assert.is_false(config.resolve(recipe, argv).debug.deterministic)
+    local on = { unpack(argv) }
+    on[#on + 1] = "--debug.deterministic"
+    local cfg = config.resolve(recipe, on)
+    assert.is_true(cfg.debug.deterministic)
+    assert.truthy(config.dump(cfg):find("debug = {\n    deterministic = true,", 1, true))
+    local bad = { unpack(argv) }
+    bad[#bad + 1] = "--debug.deterministic=maybe"
+    local ok, err = pcall(config.resolve, recipe, bad)
+    assert.is_false(ok)
+    assert.truthy(err:find("debug.deterministic expects true or false, got 'maybe'", 1, true), err)
+    ok, err = pcall(config.resolve, { base = recipe, debug = { deterministic = 1 } }, argv)
+    assert.is_false(ok)
+    assert.truthy(err:find("debug.deterministic expects a boolean, got number", 1, true), err)
+    ok, err = pcall(config.resolve, recipe, { "--debug.determinstic" })
+    assert.is_false(ok)
+    assert.truthy(err:find("nearest valid keys: debug.deterministic", 1, true), err)
+
+    assert.are.equal(0, titan.C.tt_deterministic())
+    local tr = trainer.new(cfg, { print = function() end })
+    assert.are.equal(1, titan.C.tt_deterministic())
+    assert.is_true(titan.deterministic())
+    tr:close()
+    tr.model:free()
+    tr = trainer.new(config.resolve(recipe, argv), { print = function() end })
+    assert.are.equal(0, titan.C.tt_deterministic())
+    tr:close()
+    tr.model:free()
+  end)
+end)
+
 describe("optimizer groups and sampling", function()
   it("a recipe's optimizer_groups reach AdamW, first match wins", function()
     local recipe = config.load_recipe("llama3_debugmodel")
