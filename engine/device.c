@@ -1,5 +1,6 @@
 /* device.c — which backend serves a device, and process-wide settings. */
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "internal.h"
@@ -53,5 +54,12 @@ int tt_num_threads(void) { return omp_get_max_threads(); }
 void tt_set_num_threads(int n) {
   if (n > 0) omp_set_num_threads(n);
 }
+
+/* Atomic: every matmul reads it, on whichever thread runs the op. */
+static atomic_int tt_tf32 = 0;
+
+void tt_set_allow_tf32(int on) { atomic_store(&tt_tf32, on != 0); }
+
+int tt_allow_tf32(void) { return atomic_load(&tt_tf32); }
 
 const char *tt_version(void) { return TITAN_VERSION; }
