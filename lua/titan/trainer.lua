@@ -85,6 +85,7 @@ function M.new(cfg, opts)
   self.print = opts.print or function(line) io.stdout:write(line, "\n"); io.stdout:flush() end
   local t = cfg.training
   if t.threads > 0 then titan.set_num_threads(t.threads) end
+  titan.set_allow_tf32(t.allow_tf32)
   titan.manual_seed(t.seed)
   self.device = t.device
   if t.device:match("^cuda") and not titan.cuda_available() then
