@@ -85,6 +85,11 @@ const char *tt_last_error(void);
 void tt_clear_error(void);
 int tt_num_threads(void);
 void tt_set_num_threads(int n);
+/* TF32 for f32 matmuls on CUDA (CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded
+ * to 10 mantissa bits, f32 accumulation), process-wide; off by default, as
+ * PyTorch. The CPU always computes f32 exactly. */
+void tt_set_allow_tf32(int on);
+int tt_allow_tf32(void);
 /* "OpenBLAS 0.3.21 core=Cooperlake (chosen by titan: ...)" — loads the BLAS. */
 const char *tt_blas_info(void);
 int tt_cuda_available(void);
@@ -239,6 +244,11 @@ tt_status tt_op_softmax_backward(const tt_tensor *y, const tt_tensor *dy, int lo
  * A transposed view is recognised from its strides: no copy is made. */
 tt_status tt_op_matmul(const tt_tensor *a, const tt_tensor *b, int trans_a, int trans_b,
                        double alpha, double beta, tt_tensor **out);
+/* out = x @ w^T + bias over the last dim of x (a linear layer; the bias add
+ * is fused into the GEMM). x: [..., in] (leading dims folded into rows),
+ * w: [out_features, in], bias: [out_features] of any float dtype, or NULL.
+ * out: [..., out_features] in x's dtype, written (not accumulated). */
+tt_status tt_op_linear(const tt_tensor *x, const tt_tensor *w, const tt_tensor *bias, tt_tensor **out);
 
 /* ---- indexing --------------------------------------------------------- */
 tt_status tt_op_cat(int n, tt_tensor *const *ts, int dim, tt_tensor **out);

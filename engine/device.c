@@ -1,5 +1,6 @@
 /* device.c — which backend serves a device, and process-wide settings. */
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "internal.h"
@@ -94,5 +95,11 @@ static int tt_deterministic_on = 0;
 void tt_set_deterministic(int on) { __atomic_store_n(&tt_deterministic_on, on != 0, __ATOMIC_RELAXED); }
 
 int tt_deterministic(void) { return __atomic_load_n(&tt_deterministic_on, __ATOMIC_RELAXED); }
+/* Atomic: every matmul reads it, on whichever thread runs the op. */
+static atomic_int tt_tf32 = 0;
+
+void tt_set_allow_tf32(int on) { atomic_store(&tt_tf32, on != 0); }
+
+int tt_allow_tf32(void) { return atomic_load(&tt_tf32); }
 
 const char *tt_version(void) { return TITAN_VERSION; }

@@ -287,48 +287,65 @@ static tt_status tt_to_dtype(const tt_tensor *t, int dtype, tt_tensor **out) {
   return st;
 }
 
-tt_status tt_op_matmul(const tt_tensor *a_in, const tt_tensor *b_in, int trans_a, int trans_b, double alpha,
-                       double beta, tt_tensor **out) {
+/* The bias as the gemm entry takes it (kernels.h): in the compute dtype, or
+ * f32 on a 16-bit one (any other bias is rounded to f32 there rather than to
+ * 16 bits), packed and 16-byte aligned (cuBLASLt's epilogue loads vectors).
+ * t itself, retained, when it already is all that. */
+static tt_status tt_gemm_bias(const tt_tensor *t, int compute_dtype, tt_tensor **out) {
+  int half = compute_dtype == TT_BF16 || compute_dtype == TT_F16;
+  int want = half && t->dtype != compute_dtype ? TT_F32 : compute_dtype;
+  if (t->dtype == want && tt_tensor_is_contiguous(t) && (uintptr_t)tt_tensor_data(t) % 16 == 0) {
+    tt_tensor_retain((tt_tensor *)t);
+    *out = (tt_tensor *)t;
+    return TT_OK;
+  }
+  return tt_to_dtype(t, want, out);
+}
+
+/* matmul and linear after their own checks: `name` prefixes the messages;
+ * bias (NULL, or [N] checked by the caller) is added to every row of out. */
+static tt_status tt_matmul_run(const char *name, const tt_tensor *a_in, const tt_tensor *b_in, int trans_a,
+                               int trans_b, double alpha, double beta, const tt_tensor *bias, tt_tensor **out) {
   char s1[96], s2[96], s3[96];
   const tt_tensor *a = a_in, *b = b_in;
   if (a->ndim < 2 || a->ndim > 3 || b->ndim < 2 || b->ndim > 3)
-    return tt_error_set(TT_ERR_SHAPE, "matmul: a %s and b %s; expected 2-D or 3-D (batched) operands", SHP(a, s1),
+    return tt_error_set(TT_ERR_SHAPE, "%s: a %s and b %s; expected 2-D or 3-D (batched) operands", name, SHP(a, s1),
                         SHP(b, s2));
   if (!tt_dtype_is_float(a->dtype) || a->dtype == TT_F8E4M3 || a->dtype == TT_F8E5M2)
-    return tt_error_set(TT_ERR_DTYPE, "matmul: a %s has dtype %s; expected float32, float64, bfloat16 or float16",
+    return tt_error_set(TT_ERR_DTYPE, "%s: a %s has dtype %s; expected float32, float64, bfloat16 or float16", name,
                         SHP(a, s1), tt_dtype_name(a->dtype));
-  TT_TRY(tt_chk_same_dtype("matmul", "a", a, "b", b));
-  TT_TRY(tt_chk_same_device("matmul", "a", a, "b", b));
+  TT_TRY(tt_chk_same_dtype(name, "a", a, "b", b));
+  TT_TRY(tt_chk_same_device(name, "a", a, "b", b));
   int64_t M = trans_a ? a->shape[a->ndim - 1] : a->shape[a->ndim - 2];
   int64_t Ka = trans_a ? a->shape[a->ndim - 2] : a->shape[a->ndim - 1];
   int64_t Kb = trans_b ? b->shape[b->ndim - 1] : b->shape[b->ndim - 2];
   int64_t N = trans_b ? b->shape[b->ndim - 2] : b->shape[b->ndim - 1];
   if (Ka != Kb)
     return tt_error_set(TT_ERR_SHAPE,
-                        "matmul: a %s%s and b %s%s: inner dims %lld and %lld differ (expected a [M, K] @ b [K, N])",
+                        "%s: a %s%s and b %s%s: inner dims %lld and %lld differ (expected a [M, K] @ b [K, N])", name,
                         SHP(a, s1), trans_a ? " (transposed)" : "", SHP(b, s2), trans_b ? " (transposed)" : "",
                         (long long)Ka, (long long)Kb);
   int64_t Ba = a->ndim == 3 ? a->shape[0] : 1, Bb = b->ndim == 3 ? b->shape[0] : 1;
   if (a->ndim == 3 && b->ndim == 3 && Ba != Bb)
-    return tt_error_set(TT_ERR_SHAPE, "matmul: a %s and b %s: batch sizes %lld and %lld differ", SHP(a, s1),
+    return tt_error_set(TT_ERR_SHAPE, "%s: a %s and b %s: batch sizes %lld and %lld differ", name, SHP(a, s1),
                         SHP(b, s2), (long long)Ba, (long long)Bb);
   int64_t batch = Ba > Bb ? Ba : Bb;
   int ondim = (a->ndim == 3 || b->ndim == 3) ? 3 : 2;
   int64_t oshape[3] = {batch, M, N};
   const int64_t *os = ondim == 3 ? oshape : oshape + 1;
   if (beta != 0 && !*out)
-    return tt_error_set(TT_ERR_INVALID, "matmul: beta = %g accumulates into out, but no out was given", beta);
+    return tt_error_set(TT_ERR_INVALID, "%s: beta = %g accumulates into out, but no out was given", name, beta);
   int fresh = 0;
-  TT_TRY(tt_out_prepare("matmul", "out", out, ondim, os, a->dtype, a->device, &fresh));
+  TT_TRY(tt_out_prepare(name, "out", out, ondim, os, a->dtype, a->device, &fresh));
   if (a->device.type == TT_META) return TT_OK;
   const tt_kernels *be = tt_backend(a->device);
   if (!be || !be->gemm) {
     tt_out_discard(out, fresh);
-    return tt_error_set(TT_ERR_UNSUPPORTED, "matmul: not implemented on %s", be ? be->name : "this device");
+    return tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented on %s", name, be ? be->name : "this device");
   }
 
   /* Operands in a layout BLAS reads: transposed views flip the flag. */
-  tt_tensor *ta = NULL, *tb = NULL, *tc = NULL;
+  tt_tensor *ta = NULL, *tb = NULL, *tc = NULL, *tbias = NULL;
   tt_status st = TT_OK;
   int64_t lda, ldb;
   int fa, fb;
@@ -360,6 +377,7 @@ tt_status tt_op_matmul(const tt_tensor *a_in, const tt_tensor *b_in, int trans_a
     st = tt_tensor_empty((*out)->ndim, (*out)->shape, compute_dtype, a->device, &tc);
     if (st == TT_OK && beta != 0) st = tt_tensor_copy(tc, *out);
   }
+  if (st == TT_OK && bias) st = tt_gemm_bias(bias, compute_dtype, &tbias);
   if (st == TT_OK) {
     tt_tensor *c = tc ? tc : *out;
     int64_t sa = a->ndim == 3 ? a->strides[0] : 0, sb = b->ndim == 3 ? b->strides[0] : 0;
@@ -370,16 +388,71 @@ tt_status tt_op_matmul(const tt_tensor *a_in, const tt_tensor *b_in, int trans_a
       m_eff = M * batch;
       batch_eff = 1;
     }
-    st = tt_kernel_check(be->gemm(compute_dtype, trans_a ^ fa, trans_b ^ fb, batch_eff, m_eff, N, Ka, alpha, tt_tensor_data(a), lda,
-                  sa, tt_tensor_data(b), ldb, sb, beta, tt_tensor_data(c), ldc, sc), "gemm", be, compute_dtype);
+    st = tt_kernel_check(be->gemm(compute_dtype, trans_a ^ fa, trans_b ^ fb, batch_eff, m_eff, N, Ka, alpha,
+                                  tt_tensor_data(a), lda, sa, tt_tensor_data(b), ldb, sb, beta, tt_tensor_data(c), ldc,
+                                  sc, tbias ? tt_tensor_data(tbias) : NULL, tbias ? tbias->dtype : -1,
+                                  tt_allow_tf32()),
+                         "gemm", be, compute_dtype);
     if (st != TT_OK)
-      st = tt_error_set(st, "matmul: %s gemm failed for a %s, b %s, out %s%s", be->name, SHP(a_in, s1), SHP(b_in, s2),
-                        SHP(*out, s3), st == TT_ERR_UNSUPPORTED ? " (no BLAS library could be loaded)" : "");
+      st = tt_error_set(st, "%s: %s gemm failed for a %s, b %s, out %s%s%s", name, be->name, SHP(a_in, s1),
+                        SHP(b_in, s2), SHP(*out, s3), bias ? " with a bias" : "",
+                        st == TT_ERR_UNSUPPORTED ? " (no BLAS library could be loaded)" : "");
     if (st == TT_OK && tc) st = tt_tensor_copy(*out, tc);
   }
   tt_tensor_release(ta);
   tt_tensor_release(tb);
   tt_tensor_release(tc);
+  tt_tensor_release(tbias);
+  if (st != TT_OK) tt_out_discard(out, fresh);
+  return st;
+}
+
+tt_status tt_op_matmul(const tt_tensor *a, const tt_tensor *b, int trans_a, int trans_b, double alpha, double beta,
+                       tt_tensor **out) {
+  return tt_matmul_run("matmul", a, b, trans_a, trans_b, alpha, beta, NULL, out);
+}
+
+tt_status tt_op_linear(const tt_tensor *x, const tt_tensor *w, const tt_tensor *bias, tt_tensor **out) {
+  char s1[96], s2[96];
+  if (x->ndim < 1 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1])
+    return tt_error_set(TT_ERR_SHAPE, "linear: x %s and weight %s; expected x [..., in] and weight [out, in]",
+                        SHP(x, s1), SHP(w, s2));
+  TT_TRY(tt_chk_same_dtype("linear", "x", x, "weight", w));
+  TT_TRY(tt_chk_same_device("linear", "x", x, "weight", w));
+  int64_t N = w->shape[0], K = w->shape[1];
+  if (bias) {
+    TT_TRY(tt_chk_float("linear", "bias", bias));
+    TT_TRY(tt_chk_same_device("linear", "x", x, "bias", bias));
+    if (bias->ndim != 1 || bias->shape[0] != N)
+      return tt_error_set(TT_ERR_SHAPE, "linear: bias %s does not fit weight %s; expected bias [%lld]", SHP(bias, s1),
+                          SHP(w, s2), (long long)N);
+  }
+  int64_t rows = 1, oshape[TT_MAX_DIMS];
+  for (int i = 0; i < x->ndim - 1; i++) {
+    rows *= x->shape[i];
+    oshape[i] = x->shape[i];
+  }
+  oshape[x->ndim - 1] = N;
+  int fresh = 0;
+  TT_TRY(tt_out_prepare("linear", "out", out, x->ndim, oshape, x->dtype, x->device, &fresh));
+  /* One [rows, in] @ [in, out] GEMM. A 2-D x goes as it is (a transposed
+   * view is read through its strides); other ranks are folded into rows,
+   * through a packed copy only when their strides forbid the view. */
+  int64_t x2s[2] = {rows, K}, o2s[2] = {rows, N};
+  tt_tensor *xc = NULL, *x2 = NULL, *o2 = NULL;
+  tt_status st = TT_OK;
+  if (x->ndim == 2) {
+    tt_tensor_retain((tt_tensor *)x);
+    x2 = (tt_tensor *)x;
+  } else if ((st = tt_view_reshape(x, 2, x2s, &x2)) == TT_ERR_LAYOUT) {
+    st = tt_tensor_contiguous(x, &xc);
+    if (st == TT_OK) st = tt_view_reshape(xc, 2, x2s, &x2);
+  }
+  if (st == TT_OK) st = tt_view_reshape(*out, 2, o2s, &o2);
+  if (st == TT_OK) st = tt_matmul_run("linear", x2, w, 0, 1, 1.0, 0.0, bias, &o2);
+  tt_tensor_release(x2);
+  tt_tensor_release(xc);
+  tt_tensor_release(o2);
   if (st != TT_OK) tt_out_discard(out, fresh);
   return st;
 }

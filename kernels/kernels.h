@@ -119,12 +119,18 @@ typedef struct tt_kernels {
   /* sum of squares of n elements accumulated in f64, fixed order. */
   tt_status (*sumsq)(int dtype, int64_t n, const void *x, double *out);
 
-  /* -- matmul: C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i], row-major,
-   *    i < batch, stride_* = 0 broadcasts an operand. dtype f32/f64 on the
-   *    CPU (ops.c converts bf16/f16), plus bf16/f16 on CUDA. -- */
+  /* -- matmul: C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i] + bias,
+   *    row-major, i < batch, stride_* = 0 broadcasts an operand. dtype
+   *    f32/f64 on the CPU (ops.c converts bf16/f16), plus bf16/f16 on CUDA.
+   *    bias: NULL, or n packed elements added to every row of every C[i]
+   *    (a linear layer's bias, fused into the GEMM), 16-byte aligned, of
+   *    bias_dtype: dtype itself, or f32 when dtype is bf16/f16.
+   *    allow_tf32: f32 products may round their inputs to TF32 (where the
+   *    backend has it; the CPU computes exactly whatever the flag). -- */
   tt_status (*gemm)(int dtype, int trans_a, int trans_b, int64_t batch, int64_t m, int64_t n, int64_t k,
                     double alpha, const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb,
-                    int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c);
+                    int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c, const void *bias,
+                    int bias_dtype, int allow_tf32);
 
   /* -- indexing; src/dst viewed as contiguous [outer, n, inner], idx i64.
    *    The engine checks CPU indices before the call; a backend without

@@ -84,11 +84,29 @@ const char *tt_blas_info(void) {
   return tt_blas.info;
 }
 
+/* C[r, :] += bias over the batch * m rows of C, after the GEMM and in the
+ * same call: one pass over C while the rows are being written anyway, and
+ * no broadcast tensor. Rows in parallel; the inner loop vectorizes. */
+#define TT_GEMM_BIAS_ROWS(T)                                                        \
+  do {                                                                              \
+    const T *bv = (const T *)bias;                                                  \
+    _Pragma("omp parallel for schedule(static) if (batch * m * n > 65536)")         \
+    for (int64_t r = 0; r < batch * m; r++) {                                       \
+      T *row = (T *)c + (r / m) * stride_c + (r % m) * ldc;                         \
+      for (int64_t j = 0; j < n; j++) row[j] += bv[j];                              \
+    }                                                                               \
+  } while (0)
+
+/* allow_tf32 is ignored: OpenBLAS has no TF32 mode, f32 stays exact here. */
 tt_status tt_cpu_gemm(int dtype, int trans_a, int trans_b, int64_t batch, int64_t m, int64_t n, int64_t k,
                       double alpha, const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb,
-                      int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c) {
+                      int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c, const void *bias,
+                      int bias_dtype, int allow_tf32) {
+  (void)allow_tf32;
   pthread_once(&tt_blas.once, tt_blas_load);
   if (!tt_blas.sgemm || !tt_blas.dgemm) return TT_ERR_UNSUPPORTED;
+  if (dtype != TT_F32 && dtype != TT_F64) return TT_ERR_DTYPE;
+  if (bias && bias_dtype != dtype) return TT_ERR_DTYPE;
   int ta = trans_a ? TT_CBLAS_TRANS : TT_CBLAS_NO_TRANS, tb = trans_b ? TT_CBLAS_TRANS : TT_CBLAS_NO_TRANS;
   if (m == 0 || n == 0) return TT_OK;
   for (int64_t i = 0; i < batch; i++) {
@@ -102,7 +120,7 @@ tt_status tt_cpu_gemm(int dtype, int trans_a, int trans_b, int64_t batch, int64_
       }
       tt_blas.sgemm(TT_CBLAS_ROW_MAJOR, ta, tb, (int)m, (int)n, (int)k, (float)alpha, A, (int)lda, B, (int)ldb,
                     (float)beta, C, (int)ldc);
-    } else if (dtype == TT_F64) {
+    } else {
       const double *A = (const double *)a + i * stride_a, *B = (const double *)b + i * stride_b;
       double *C = (double *)c + i * stride_c;
       if (k == 0) {
@@ -112,9 +130,11 @@ tt_status tt_cpu_gemm(int dtype, int trans_a, int trans_b, int64_t batch, int64_
       }
       tt_blas.dgemm(TT_CBLAS_ROW_MAJOR, ta, tb, (int)m, (int)n, (int)k, alpha, A, (int)lda, B, (int)ldb, beta, C,
                     (int)ldc);
-    } else {
-      return TT_ERR_DTYPE;
     }
+  }
+  if (bias) {
+    if (dtype == TT_F32) TT_GEMM_BIAS_ROWS(float);
+    else TT_GEMM_BIAS_ROWS(double);
   }
   return TT_OK;
 }

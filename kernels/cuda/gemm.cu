@@ -5,8 +5,18 @@
  * and a row-major matrix read as column-major is its transpose: so we hand
  * cuBLASLt B as its first operand and A as its second, with the callers'
  * transposes and leading dimensions unchanged. f32 accumulates in plain f32
- * (no TF32) so results stay comparable with the CPU reference; bf16 and f16
- * accumulate in f32; f64 in f64.
+ * (no TF32) so results stay comparable with the CPU reference, unless the
+ * caller allows TF32 (tt_set_allow_tf32: CUBLAS_COMPUTE_32F_FAST_TF32, as
+ * PyTorch's allow_tf32); bf16 and f16 accumulate in f32; f64 in f64.
+ *
+ * Bias (a linear layer's, fused as CUBLASLT_EPILOGUE_BIAS): cuBLASLt adds a
+ * vector with one element per ROW of its column-major D and broadcasts it
+ * over D's columns. Our D is the row-major C read column-major, i.e. C^T:
+ * [n rows, m cols]. So cuBLASLt's rows are our columns, and its bias of
+ * length n is added to every one of our m rows — exactly y = x W^T + b with
+ * b indexed by output feature. The epilogue runs after alpha/beta (D =
+ * alpha*AB + beta*C + bias: bias unscaled), and BIAS_BATCH_STRIDE stays 0,
+ * so every batch gets the same vector.
  *
  * Per device: one cuBLASLt handle, one 32 MiB workspace (allocated once, on
  * the first GEMM; every GEMM runs on the one compute stream, so sharing it
@@ -44,8 +54,9 @@ static tt_status tt_lt_fail(cublasStatus_t s, const char *call, const char *file
     if (tt_lt_st_ != CUBLAS_STATUS_SUCCESS) return tt_lt_fail(tt_lt_st_, #call, __FILE__, __LINE__); \
   } while (0)
 
+/* bias_dtype is -1 without a bias; align_bias 0 then. */
 struct tt_gemm_key {
-  int32_t dtype, trans_a, trans_b, align_a, align_b, align_c;
+  int32_t dtype, trans_a, trans_b, align_a, align_b, align_c, bias_dtype, align_bias, tf32;
   int64_t batch, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c;
 };
 
@@ -93,8 +104,17 @@ static tt_status tt_gemm_layout(cublasLtMatrixLayout_t *out, cudaDataType_t t, i
   return TT_OK;
 }
 
+/* The bias pointer goes into the descriptor before the heuristic (which
+ * reads its alignment) and again before every call (plans are shared by
+ * every bias of the same alignment). */
+static tt_status tt_gemm_set_bias(cublasLtMatmulDesc_t op, const void *bias) {
+  TT_LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  return TT_OK;
+}
+
 static tt_status tt_gemm_plan_build(tt_gemm_dev *g, tt_gemm_plan *p, const tt_gemm_key *key, cudaDataType_t t,
-                                    cublasComputeType_t ct, cudaDataType_t scale) {
+                                    cublasComputeType_t ct, cudaDataType_t scale, const void *bias,
+                                    cudaDataType_t bias_t) {
   memset(p, 0, sizeof *p);
   const tt_gemm_key *q = key;
   cublasOperation_t opa = q->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, opb = q->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -102,6 +122,16 @@ static tt_status tt_gemm_plan_build(tt_gemm_dev *g, tt_gemm_plan *p, const tt_ge
   TT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
   TT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
   tt_status st;
+  if (bias) {
+    uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+    TT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    /* The default bias type is D's; only an f32 bias on a 16-bit D says so. */
+    if (bias_t != t) {
+      int32_t bt = (int32_t)bias_t;
+      TT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    if ((st = tt_gemm_set_bias(p->op, bias)) != TT_OK) return st;
+  }
   if ((st = tt_gemm_layout(&p->la, t, q->trans_b ? q->k : q->n, q->trans_b ? q->n : q->k, q->ldb, q->batch,
                            q->stride_b)) != TT_OK)
     return st;
@@ -133,25 +163,27 @@ static tt_status tt_gemm_plan_build(tt_gemm_dev *g, tt_gemm_plan *p, const tt_ge
   if (s == CUBLAS_STATUS_NOT_SUPPORTED || found == 0)
     return tt_error_set(q->dtype == TT_F64 ? TT_ERR_DTYPE : TT_ERR_INTERNAL,
                         "cuda gemm: cuBLASLt has no algorithm for dtype %d, batch %lld, m %lld, n %lld, k %lld, "
-                        "trans_a %d, trans_b %d, ld %lld/%lld/%lld, alignment %d/%d/%d",
+                        "trans_a %d, trans_b %d, ld %lld/%lld/%lld, alignment %d/%d/%d, bias dtype %d (alignment %d), "
+                        "tf32 %d",
                         q->dtype, (long long)q->batch, (long long)q->m, (long long)q->n, (long long)q->k, q->trans_a,
                         q->trans_b, (long long)q->lda, (long long)q->ldb, (long long)q->ldc, q->align_a, q->align_b,
-                        q->align_c);
+                        q->align_c, q->bias_dtype, q->align_bias, q->tf32);
   p->algo = h.algo;
   p->key = *key;
   p->used = 1;
   return TT_OK;
 }
 
-/* C[b, i, j] *= beta, or = 0 when beta is 0 (BLAS: C is then not read): what
- * a GEMM with k = 0 leaves. */
+/* C[b, i, j] = beta * C[b, i, j] + bias[j], C not read when beta is 0 (as
+ * BLAS): what a GEMM with k = 0 leaves. bias may be NULL. */
 __global__ void tt_gemm_scale_c(int dtype, int64_t batch, int64_t m, int64_t n, int64_t ldc, int64_t stride_c,
-                                double beta, void *c) {
+                                double beta, void *c, const void *bias, int bias_dtype) {
   int64_t total = batch * m * n;
   for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (int64_t)gridDim.x * blockDim.x) {
     int64_t j = t % n, i = t / n % m, b = t / n / m;
     int64_t off = b * stride_c + i * ldc + j;
     double v = beta == 0.0 ? 0.0 : beta * tt_d_load_float<double>(dtype, c, off);
+    if (bias) v += tt_d_load_float<double>(bias_dtype, bias, j);
     if (dtype == TT_F64) tt_d_store_float<double>(dtype, c, off, v);
     else tt_d_store_float<float>(dtype, c, off, (float)v);
   }
@@ -159,16 +191,28 @@ __global__ void tt_gemm_scale_c(int dtype, int64_t batch, int64_t m, int64_t n, 
 
 extern "C" tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t batch, int64_t m, int64_t n, int64_t k,
                                   double alpha, const void *a, int64_t lda, int64_t stride_a, const void *b,
-                                  int64_t ldb, int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c) {
+                                  int64_t ldb, int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c,
+                                  const void *bias, int bias_dtype, int allow_tf32) {
   cudaDataType_t t, scale = CUDA_R_32F;
   cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
   size_t es;
   switch (dtype) {
-    case TT_F32: t = CUDA_R_32F; es = 4; break;
+    case TT_F32:
+      t = CUDA_R_32F;
+      es = 4;
+      if (allow_tf32) ct = CUBLAS_COMPUTE_32F_FAST_TF32;
+      break;
     case TT_BF16: t = CUDA_R_16BF; es = 2; break;
     case TT_F16: t = CUDA_R_16F; es = 2; break;
     case TT_F64: t = CUDA_R_64F; es = 8; scale = CUDA_R_64F; ct = CUBLAS_COMPUTE_64F; break;
     default: return tt_error_set(TT_ERR_DTYPE, "cuda gemm: dtype %d not supported (f32, f64, bf16, f16)", dtype);
+  }
+  cudaDataType_t bias_t = t;
+  if (bias && bias_dtype != dtype) {
+    if (bias_dtype != TT_F32 || (dtype != TT_BF16 && dtype != TT_F16))
+      return tt_error_set(TT_ERR_DTYPE, "cuda gemm: bias dtype %d with dtype %d (expected the same, or f32 on bf16/f16)",
+                          bias_dtype, dtype);
+    bias_t = CUDA_R_32F;
   }
   if (batch <= 0 || m <= 0 || n <= 0) return TT_OK;
   if (batch > 1 && stride_c == 0)
@@ -182,9 +226,9 @@ extern "C" tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t b
   if (st != TT_OK) return st;
 
   if (k <= 0) {
-    if (beta == 1.0) return TT_OK;
+    if (beta == 1.0 && !bias) return TT_OK;
     tt_gemm_scale_c<<<tt_cuda_blocks(batch * m * n), TT_CUDA_THREADS, 0, s>>>(dtype, batch, m, n, ldc, stride_c, beta,
-                                                                              c);
+                                                                              c, bias, bias_dtype);
     TT_CUDA_CHECK_LAUNCH("tt_gemm_scale_c");
     return TT_OK;
   }
@@ -210,6 +254,9 @@ extern "C" tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t b
   key.align_a = tt_gemm_align(a, batch, stride_a, es);
   key.align_b = tt_gemm_align(b, batch, stride_b, es);
   key.align_c = tt_gemm_align(c, batch, stride_c, es);
+  key.bias_dtype = bias ? bias_dtype : -1;
+  key.align_bias = bias ? tt_gemm_align(bias, 1, 0, 4) : 0;
+  key.tf32 = ct == CUBLAS_COMPUTE_32F_FAST_TF32;
   key.batch = batch;
   key.m = m;
   key.n = n;
@@ -230,11 +277,13 @@ extern "C" tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t b
     p = &g->plans[g->next];
     g->next = (g->next + 1) % TT_GEMM_CACHE;
     tt_gemm_plan_release(p);
-    st = tt_gemm_plan_build(g, p, &key, t, ct, scale);
+    st = tt_gemm_plan_build(g, p, &key, t, ct, scale, bias, bias_t);
     if (st != TT_OK) {
       tt_gemm_plan_release(p);
       return st;
     }
+  } else if (bias && (st = tt_gemm_set_bias(p->op, bias)) != TT_OK) {
+    return st;
   }
 
   float alpha_f = (float)alpha, beta_f = (float)beta;

@@ -52,6 +52,7 @@ M.defaults = {
     threads = -1,           -- -1: OMP_NUM_THREADS or all cores
     shuffle = true,
     cuda_graphs = false,    -- replay each micro-batch's forward + backward from a captured CUDA graph (cuda only)
+    allow_tf32 = false,     -- f32 matmuls on CUDA round their inputs to TF32 (as torch's allow_tf32); the CPU ignores it
   },
   validation = {
     enable = false,

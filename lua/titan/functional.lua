@@ -18,27 +18,15 @@ local o2 = ffi.new("tt_tensor*[1]")
 local o3 = ffi.new("tt_tensor*[1]")
 local nvalid = ffi.new("int64_t[1]")
 
--- y = x @ w^T + b over the last dim of x. w: [out, in], b: [out] or nil.
+-- y = x @ w^T + b over the last dim of x. w: [out, in], b: [out] or nil
+-- (any float dtype; added inside the GEMM, not as a separate pass).
 function M.linear(x, w, b)
   local shape = x:shape()
   local din = shape[#shape]
-  if w:dim() ~= 2 or w:size(2) ~= din then
-    error(("linear: x %s and weight %s; expected weight [out, %d]"):format(
-      tensor.shape_str(shape), tensor.shape_str(w:shape()), din), 2)
-  end
-  local x2 = #shape == 2 and x or ops.raw_reshape(x, { -1, din })
-  local y2 = ops.raw_matmul(x2, w, false, true)
-  if b then
-    o1[0] = y2._c
-    check(C.tt_op_binary(C.TT_ADD, y2._c, cptr(b), o1), 2)
-  end
-  local y = y2
-  if #shape ~= 2 then
-    local oshape = { unpack(shape) }
-    oshape[#oshape] = w:size(1)
-    y = ops.raw_reshape(y2, oshape)
-    y2:free()
-  end
+  o1[0] = nil
+  check(C.tt_op_linear(cptr(x), cptr(w), b and cptr(b) or nil, o1), 2)
+  local y = wrap(o1[0])
+  local bias_dtype = b and b:dtype()
   if needs(x, w, b) then
     record("linear", y, { x, w, b }, 3, function(ctx, g)
       local xs, ws = ctx:saved(1), ctx:saved(2)
@@ -58,6 +46,11 @@ function M.linear(x, w, b)
       end
       if b and ctx:needs(3) then
         local s = ops.sum_to(g2, { dout })
+        if s:dtype() ~= bias_dtype then -- an f32 bias of a bf16 layer: its gradient in f32 too
+          local sc = s:to(bias_dtype)
+          if s ~= g2 then s:free() end
+          s = sc
+        end
         local acc = ctx:accum(3)
         if acc then
           check(C.tt_op_axpy(acc._c, 1, s._c))
@@ -71,7 +64,6 @@ function M.linear(x, w, b)
       return { gx, gw, gb }
     end, { x, w })
   end
-  if x2 ~= x then x2:free() end
   return y
 end
 

@@ -34,6 +34,20 @@ describe("bad input", function()
     assert_mentions(err_of(function() return titan.cat({ a, titan.ones(3, 4) }, 1) end), "cat", "[3, 4]", "[2, 3]")
   end)
 
+  it("a linear layer's bias of the wrong length, dtype or device gets one line", function()
+    local x, w = titan.ones(2, 3), titan.ones(4, 3)
+    assert_mentions(err_of(function() return F.linear(x, w, titan.ones(5)) end), "linear", "bias [5]", "[4, 3]",
+      "expected bias [4]")
+    assert_mentions(err_of(function() return F.linear(x, w, titan.ones(1, 4)) end), "linear", "bias [1, 4]",
+      "expected bias [4]")
+    assert_mentions(err_of(function() return F.linear(x, w, titan.ones({ 4 }, { dtype = "int64" })) end), "linear",
+      "bias [4]", "int64", "float32")
+    assert_mentions(err_of(function() return F.linear(x, w, titan.ones({ 4 }, { device = "meta" })) end), "linear",
+      "bias [4]", "meta", "cpu")
+    assert_mentions(err_of(function() return F.linear(x, titan.ones(4, 2), titan.ones(4)) end), "linear", "[2, 3]",
+      "[4, 2]")
+  end)
+
   it("wrong dtypes name the op, the shapes and the dtypes", function()
     local a, b = titan.ones(2, 3), titan.ones({ 3, 2 }, { dtype = "float64" })
     assert_mentions(err_of(function() return a:matmul(b) end), "matmul", "[2, 3]", "[3, 2]", "float32", "float64")

@@ -108,6 +108,39 @@ describe("nn", function()
     assert.truthy(last < 0.1, "final loss " .. last)
   end)
 
+  it("Linear with a bias: torch-like names, zero init, and a tiny regression fits weight and bias", function()
+    local lin = nn.Linear(3, 2, { bias = true })
+    local names = {}
+    for i, np in ipairs(lin:named_parameters()) do names[i] = np[1] end
+    assert.are.same({ "weight", "bias" }, names)
+    assert.are.same({ 0, 0 }, lin.bias:tolist_flat())
+    assert.is_nil(nn.Linear(3, 2).bias) -- default unchanged: no bias, as in Llama
+    -- y = x @ W^T + b for a fixed W, b; 8 samples, plain SGD on the mean squared error
+    local x = titan.randn({ 8, 3 }, { seed = 31, offset = 0 })
+    local wt = titan.tensor({ { 0.5, -1, 2 }, { 1.5, 0.25, -0.75 } })
+    local bt = titan.tensor({ 3, -2 })
+    local y = titan.no_grad(function() return titan.F.linear(x, wt, bt) end)
+    local first, last
+    for step = 1, 300 do
+      local loss = titan.scope(function()
+        local d = lin(x) - y
+        local l = (d * d):mean()
+        l:backward()
+        return l:item()
+      end)
+      titan.no_grad(function()
+        for _, p in ipairs(lin:parameters()) do p:add_(p.grad, -0.1) end
+      end)
+      lin:zero_grad()
+      if step == 1 then first = loss end
+      last = loss
+    end
+    assert.truthy(first > 1, "first loss " .. first)
+    assert.truthy(last < 1e-6, "final loss " .. last)
+    local bf = lin.bias:tolist_flat()
+    assert.truthy(math.abs(bf[1] - 3) < 1e-3 and math.abs(bf[2] + 2) < 1e-3, "bias " .. bf[1] .. ", " .. bf[2])
+  end)
+
   it("no_grad stops recording; detach cuts the graph", function()
     local x = titan.ones(3):requires_grad_()
     local y = titan.no_grad(function() return x * 2 end)

@@ -334,6 +334,97 @@ describe("nn primitives", function()
     end
   end)
 
+  -- y[r, j] = sum_k x[r, k] * w[j, k] + b[j], in Lua doubles.
+  local function linear_ref(x, w, b)
+    local din, dout = w:size(2), w:size(1)
+    local xf, wf, bf = x:contiguous():tolist_flat(), w:contiguous():tolist_flat(), b and b:contiguous():tolist_flat()
+    local out = {}
+    for r = 0, #xf / din - 1 do
+      for j = 0, dout - 1 do
+        local acc = bf and bf[j + 1] or 0
+        for k = 1, din do acc = acc + xf[r * din + k] * wf[j * din + k] end
+        out[#out + 1] = acc
+      end
+    end
+    return out
+  end
+
+  it("linear's fused bias against a plain reference (f32, f64; ranks, views, bias dtypes)", function()
+    for _, dt in ipairs({ "float64", "float32" }) do
+      local tol = dt == "float64" and 1e-12 or 1e-5
+      for k, xs in ipairs({ { 3, 5 }, { 2, 3, 7 }, { 7 }, { 2, 2, 2, 3 }, { 0, 4 }, { 33, 65 } }) do
+        local din, dout = xs[#xs], 2 * k + 1
+        local x, w, b = randn(xs, 10 * k, dt), randn({ dout, din }, 10 * k + 1, dt), randn({ dout }, 10 * k + 2, dt)
+        local y = F.linear(x, w, b)
+        local oshape = { unpack(xs) }
+        oshape[#oshape] = dout
+        assert.are.same(oshape, y:shape())
+        assert.are.equal(dt, y:dtype())
+        assert_close(y:tolist_flat(), linear_ref(x, w, b), tol, ("linear %s %s"):format(table.concat(xs, "x"), dt))
+      end
+      local x, w = randn({ 6, 4 }, 1, dt), randn({ 5, 4 }, 2, dt)
+      -- a transposed 2-D x, a non-viewable 3-D x, a strided and an unaligned bias
+      local xt = randn({ 4, 6 }, 3, dt):t()
+      assert_close(F.linear(xt, w, randn({ 5 }, 4, dt)):tolist_flat(), linear_ref(xt, w, randn({ 5 }, 4, dt)), tol,
+        "transposed x " .. dt)
+      local x3 = randn({ 4, 3, 2 }, 5, dt):permute(2, 3, 1)
+      local b5 = randn({ 5 }, 6, dt)
+      assert_close(F.linear(x3, w, b5):tolist_flat(), linear_ref(x3, w, b5), tol, "permuted x " .. dt)
+      local strided = randn({ 5, 2 }, 7, dt):select(2, 2)
+      assert_close(F.linear(x, w, strided):tolist_flat(), linear_ref(x, w, strided), tol, "strided bias " .. dt)
+      local unaligned = randn({ 6 }, 8, dt):narrow(1, 2, 5)
+      assert_close(F.linear(x, w, unaligned):tolist_flat(), linear_ref(x, w, unaligned), tol, "unaligned bias " .. dt)
+      -- a bias of another float dtype is added in the layer's dtype
+      local other = dt == "float64" and "float32" or "float64"
+      local bo = randn({ 5 }, 9, other)
+      local yo = F.linear(x, w, bo)
+      assert.are.equal(dt, yo:dtype())
+      assert_close(yo:tolist_flat(), linear_ref(x, w, bo:to(dt)), tol, "bias " .. other .. " on " .. dt)
+      -- no bias: the plain product
+      assert_close(F.linear(x, w):tolist_flat(), linear_ref(x, w), tol, "no bias " .. dt)
+      -- a given output is written, not accumulated
+      local out = titan.full({ 6, 5 }, 0 / 0, { dtype = dt })
+      local box = titan.ffi.new("tt_tensor*[1]", out._c)
+      assert.are.equal(0, titan.C.tt_op_linear(x._c, w._c, b5._c, box), titan.ffi.string(titan.C.tt_last_error()))
+      assert_close(out:tolist_flat(), linear_ref(x, w, b5), tol, "preallocated out " .. dt)
+    end
+    -- bf16 layers with an f32 bias (computed in f32 on the CPU, rounded once)
+    local x, w, b = randn({ 9, 8 }, 11, "float32"), randn({ 3, 8 }, 12, "float32"), randn({ 3 }, 13, "float32")
+    local xb, wb = x:to("bfloat16"), w:to("bfloat16")
+    local yb = F.linear(xb, wb, b)
+    assert.are.equal("bfloat16", yb:dtype())
+    assert_close(yb:tolist_flat(), F.linear(xb:to("float32"), wb:to("float32"), b):to("bfloat16"):tolist_flat(), 0,
+      "bf16 with an f32 bias")
+  end)
+
+  it("linear's gradients: finite differences of d(x), d(w), d(b) and accumulation into .grad", function()
+    for _, xs in ipairs({ { 4 }, { 3, 2, 5 } }) do
+      local din = xs[#xs]
+      assert_grads(F.linear, { leaf(xs, 21), leaf({ 3, din }, 22), leaf({ 3 }, 23) }, "linear " .. table.concat(xs, "x"))
+    end
+    local x, w, b = leaf({ 5, 4 }, 24), leaf({ 3, 4 }, 25), leaf({ 3 }, 26)
+    local function step()
+      titan.scope(function() (F.linear(x, w, b) * randn({ 5, 3 }, 27)):sum():backward() end)
+    end
+    step()
+    local gb1, gw1 = b.grad:tolist_flat(), w.grad:tolist_flat()
+    local want = titan.ops.sum_to(randn({ 5, 3 }, 27), { 3 }):tolist_flat()
+    assert_close(gb1, want, 1e-12, "d(b) = sum of dy over rows")
+    local gb_tensor = b.grad
+    step()
+    assert.are.equal(gb_tensor, b.grad) -- accumulated in place, not replaced
+    local two = {}
+    for i, v in ipairs(gb1) do two[i] = 2 * v end
+    assert_close(b.grad:tolist_flat(), two, 1e-12, "d(b) accumulates")
+    for i, v in ipairs(gw1) do two[i] = 2 * v end
+    assert_close(w.grad:tolist_flat(), two, 1e-12, "d(w) accumulates")
+    -- an f32 bias of an f64 layer gets an f32 gradient
+    local b32 = randn({ 3 }, 28, "float32"):requires_grad_()
+    titan.scope(function() F.linear(x, w, b32):sum():backward() end)
+    assert.are.equal("float32", b32.grad:dtype())
+    assert_close(b32.grad:tolist_flat(), { 5, 5, 5 }, 0, "d(b) of a float32 bias")
+  end)
+
   it("embedding (value + gradient with repeated ids)", function()
     local w = leaf({ 7, 3 }, 4)
     local ids = titan.tensor({ { 1, 6, 1 }, { 0, 0, 5 } }, { dtype = "int64" })

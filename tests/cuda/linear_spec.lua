@@ -1,0 +1,150 @@
+-- The linear layer's fused bias (cuBLASLt's CUBLASLT_EPILOGUE_BIAS) and TF32
+-- for f32 matmuls, on the device against the CPU reference: tt_op_linear
+-- with POISONED preallocated outputs (helpers.lua), the reference being the
+-- CPU op in float64 on exactly the values the device sees.
+--
+-- Without a GPU (or a CUDA build) the file exits 77 (ctest: skipped).
+-- TITAN_GPU_SPEC_DEVICE=cpu runs it against the CPU: its f32/f64 cases must
+-- pass there (the TF32 case then checks that the CPU ignores the switch).
+package.path = "./tests/cuda/?.lua;" .. package.path
+local H = require("helpers")
+H.require_device()
+
+local titan = require("titan")
+local C = titan.C
+local box, ok, take, poison, f64, dev = H.box, H.ok, H.take, H.poison, H.f64, H.dev
+
+-- x @ w^T + bias on the CPU in float64 (bias may be nil).
+local function ref(x, w, b)
+  local o = box()
+  ok(C.tt_op_linear(f64(x)._c, f64(w)._c, b and f64(b)._c or nil, o), "linear (CPU reference)")
+  return take(o)
+end
+
+-- The same on the device into a poisoned output; xd/wd/bd are device tensors (or views).
+local function run(xd, wd, bd, oshape, dt, what)
+  local out = poison(oshape, dt)
+  ok(C.tt_op_linear(xd._c, wd._c, bd and bd._c or nil, box(out)), what)
+  H.sync()
+  return out
+end
+
+local function out_shape(xshape, n)
+  local s = { unpack(xshape) }
+  s[#s] = n
+  return s
+end
+
+local FLOATS = H.ON_GPU and H.FLOATS or { "float32", "float64" }
+
+describe("cuda linear: bias fused into the GEMM", function()
+  -- {rows, in, out}: odd sizes, a single element, a tall-skinny and Llama-like widths
+  local shapes = { { 1, 1, 1 }, { 17, 33, 9 }, { 128, 256, 64 }, { 512, 1024, 768 }, { 2048, 64, 333 }, { 3, 4096, 5 } }
+  for _, dt in ipairs(FLOATS) do
+    it("2-D and 3-D x, transposed views, with and without a bias (" .. dt .. ")", H.scoped(function()
+      for k, s in ipairs(shapes) do
+        local M, K, N = s[1], s[2], s[3]
+        local x, w, b = H.randn({ M, K }, 10 * k, dt), H.randn({ N, K }, 10 * k + 1, dt), H.randn({ N }, 10 * k + 2, dt)
+        local what = ("linear %dx%dx%d %s"):format(M, K, N, dt)
+        -- the plain product first: the same shape with a bias must not reuse its plan
+        H.check(run(dev(x), dev(w), nil, { M, N }, dt, what .. " no bias"), ref(x, w), H.tol(dt), what .. " no bias")
+        local r = ref(x, w, b)
+        H.check(run(dev(x), dev(w), dev(b), { M, N }, dt, what), r, H.tol(dt), what)
+        -- x and w as transposed views: the GEMM's trans flags flip, the bias stays per column
+        local xt = dev(x):t():contiguous() -- [K, M] stored, read as its transpose
+        local wt = dev(w):t():contiguous() -- [K, N] stored, read as its transpose
+        H.check(run(xt:t(), wt:t(), dev(b), { M, N }, dt, what .. " views"), r, H.tol(dt),
+          what .. " (transposed views)")
+        -- a 3-D x: batches stacked into rows, one bias for all
+        if M % 2 == 0 then
+          local x3 = x:reshape(2, M / 2, K)
+          H.check(run(dev(x3), dev(w), dev(b), { 2, M / 2, N }, dt, what .. " 3-D"), r:reshape(2, M / 2, N),
+            H.tol(dt), what .. " 3-D x")
+        end
+      end
+    end))
+
+    it("strided and unaligned bias views, k = 0, and a non-viewable 3-D x (" .. dt .. ")", H.scoped(function()
+      local x, w = H.randn({ 65, 40 }, 1, dt), H.randn({ 33, 40 }, 2, dt)
+      local b2, b34 = H.randn({ 33, 2 }, 3, dt), H.randn({ 34 }, 4, dt)
+      H.check(run(dev(x), dev(w), dev(b2):select(2, 2), { 65, 33 }, dt, "strided bias"), ref(x, w, b2:select(2, 2)),
+        H.tol(dt), "strided bias " .. dt)
+      H.check(run(dev(x), dev(w), dev(b34):narrow(1, 2, 33), { 65, 33 }, dt, "unaligned bias"),
+        ref(x, w, b34:narrow(1, 2, 33)), H.tol(dt), "unaligned bias " .. dt)
+      -- in = 0: out is the bias on every row (the GEMM adds nothing)
+      local x0, w0, b0 = H.randn({ 7, 0 }, 5, dt), H.randn({ 9, 0 }, 6, dt), H.randn({ 9 }, 7, dt)
+      H.check(run(dev(x0), dev(w0), dev(b0), { 7, 9 }, dt, "k = 0"), ref(x0, w0, b0), H.tol(dt), "k = 0 " .. dt)
+      -- a permuted 3-D x cannot fold into rows as a view: packed first
+      local xp, b33 = H.randn({ 40, 5, 13 }, 8, dt), H.randn({ 33 }, 9, dt)
+      H.check(run(dev(xp):permute(2, 3, 1), dev(w), dev(b33), { 5, 13, 33 }, dt, "permuted x"),
+        ref(xp:permute(2, 3, 1), w, b33), H.tol(dt), "permuted 3-D x " .. dt)
+    end))
+  end
+
+  if H.ON_GPU then
+    for _, dt in ipairs({ "bfloat16", "float16" }) do
+      it("an f32 bias on a " .. dt .. " layer (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE)", H.scoped(function()
+        local x, w = H.randn({ 300, 128 }, 1, dt), H.randn({ 96, 128 }, 2, dt)
+        local b = H.randn({ 96 }, 3, "float32") -- f32 draws: most are not representable in 16 bits
+        local out = run(dev(x), dev(w), dev(b), { 300, 96 }, dt, "f32 bias on " .. dt)
+        H.check(out, ref(x, w, b), H.tol(dt), "f32 bias on " .. dt)
+      end))
+    end
+  end
+end)
+
+describe("cuda matmul: TF32 for f32", function()
+  -- One f32 product three times: TF32 off, on, off again (the plan cache
+  -- must key on the switch, or "on" would replay the exact plan).
+  local function product(x, w)
+    local out = poison({ x:size(1), w:size(1) }, "float32")
+    ok(C.tt_op_matmul(dev(x)._c, dev(w)._c, 0, 1, 1, 0, box(out)), "matmul f32")
+    H.sync()
+    return out
+  end
+  local function with_tf32(on, fn)
+    titan.set_allow_tf32(on)
+    local okk, r = pcall(fn)
+    titan.set_allow_tf32(false)
+    if not okk then error(r, 0) end
+    return r
+  end
+
+  it("on: within TF32's ~1e-3 of the exact product and different from it; off: exact f32", H.scoped(function()
+    assert.is_false(titan.allow_tf32())
+    local x, w = H.randn({ 512, 1024 }, 1, "float32"), H.randn({ 384, 1024 }, 2, "float32")
+    local r = ref(x, w)
+    local exact = product(x, w)
+    H.check(exact, r, H.tol("float32"), "f32, TF32 off")
+    local fast = with_tf32(true, function()
+      assert.is_true(titan.allow_tf32())
+      return product(x, w)
+    end)
+    -- TF32 keeps 10 of 23 mantissa bits: ~5e-4 normwise here (2e-3: room for
+    -- kernels that truncate instead of rounding)
+    H.check(fast, r, 2e-3, "f32, TF32 on")
+    local s = H.stats(fast, r)
+    if H.ON_GPU then
+      -- random f32 inputs carry 23 mantissa bits; TF32 keeps 10: the error is
+      -- far above f32's rounding (~1e-7)
+      assert(s.rel > 2e-5, ("TF32 on: relative error %.3g looks exact; was TF32 used?"):format(s.rel))
+    else
+      H.check_exact(fast, exact, "the CPU ignores TF32")
+    end
+    H.check(product(x, w), r, H.tol("float32"), "f32, TF32 off again")
+    -- inputs TF32 represents exactly (bf16-rounded values: 7 mantissa bits)
+    -- give the exact product with the switch on too
+    local xb, wb = x:to("bfloat16"):to("float32"), w:to("bfloat16"):to("float32")
+    local rb = ref(xb, wb)
+    H.check(with_tf32(true, function() return product(xb, wb) end), rb, H.tol("float32"), "TF32 on, representable")
+  end))
+
+  it("does not touch bf16 or f64 products", H.scoped(function()
+    for _, dt in ipairs(H.ON_GPU and { "bfloat16", "float64" } or { "float64" }) do
+      local x, w = H.randn({ 64, 256 }, 3, dt), H.randn({ 48, 256 }, 4, dt)
+      local off = run(dev(x), dev(w), nil, { 64, 48 }, dt, "linear " .. dt)
+      local on = with_tf32(true, function() return run(dev(x), dev(w), nil, { 64, 48 }, dt, "linear " .. dt) end)
+      H.check_exact(on, off, "TF32 switch on a " .. dt .. " product")
+    end
+  end))
+end)
