@@ -287,13 +287,13 @@ static tt_status tt_to_dtype(const tt_tensor *t, int dtype, tt_tensor **out) {
   return st;
 }
 
-/* The bias as the gemm entry takes it (kernels.h): in the compute dtype, or
- * f32 on a 16-bit one (any other bias is rounded to f32 there rather than to
- * 16 bits), packed and 16-byte aligned (cuBLASLt's epilogue loads vectors).
- * t itself, retained, when it already is all that. */
+/* The bias as the gemm entry takes it (kernels.h): in the compute dtype
+ * (cuBLASLt's epilogue reads the bias in D's type outside its int8/fp8
+ * kernels, cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE), packed and
+ * 16-byte aligned (the epilogue loads vectors). t itself, retained, when it
+ * already is all that. */
 static tt_status tt_gemm_bias(const tt_tensor *t, int compute_dtype, tt_tensor **out) {
-  int half = compute_dtype == TT_BF16 || compute_dtype == TT_F16;
-  int want = half && t->dtype != compute_dtype ? TT_F32 : compute_dtype;
+  int want = compute_dtype;
   if (t->dtype == want && tt_tensor_is_contiguous(t) && (uintptr_t)tt_tensor_data(t) % 16 == 0) {
     tt_tensor_retain((tt_tensor *)t);
     *out = (tt_tensor *)t;

@@ -113,8 +113,7 @@ static tt_status tt_gemm_set_bias(cublasLtMatmulDesc_t op, const void *bias) {
 }
 
 static tt_status tt_gemm_plan_build(tt_gemm_dev *g, tt_gemm_plan *p, const tt_gemm_key *key, cudaDataType_t t,
-                                    cublasComputeType_t ct, cudaDataType_t scale, const void *bias,
-                                    cudaDataType_t bias_t) {
+                                    cublasComputeType_t ct, cudaDataType_t scale, const void *bias) {
   memset(p, 0, sizeof *p);
   const tt_gemm_key *q = key;
   cublasOperation_t opa = q->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, opb = q->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -125,11 +124,7 @@ static tt_status tt_gemm_plan_build(tt_gemm_dev *g, tt_gemm_plan *p, const tt_ge
   if (bias) {
     uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
     TT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    /* The default bias type is D's; only an f32 bias on a 16-bit D says so. */
-    if (bias_t != t) {
-      int32_t bt = (int32_t)bias_t;
-      TT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
-    }
+    /* The bias is in D's type, cuBLASLt's default (the engine converts it). */
     if ((st = tt_gemm_set_bias(p->op, bias)) != TT_OK) return st;
   }
   if ((st = tt_gemm_layout(&p->la, t, q->trans_b ? q->k : q->n, q->trans_b ? q->n : q->k, q->ldb, q->batch,
@@ -207,13 +202,8 @@ extern "C" tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t b
     case TT_F64: t = CUDA_R_64F; es = 8; scale = CUDA_R_64F; ct = CUBLAS_COMPUTE_64F; break;
     default: return tt_error_set(TT_ERR_DTYPE, "cuda gemm: dtype %d not supported (f32, f64, bf16, f16)", dtype);
   }
-  cudaDataType_t bias_t = t;
-  if (bias && bias_dtype != dtype) {
-    if (bias_dtype != TT_F32 || (dtype != TT_BF16 && dtype != TT_F16))
-      return tt_error_set(TT_ERR_DTYPE, "cuda gemm: bias dtype %d with dtype %d (expected the same, or f32 on bf16/f16)",
-                          bias_dtype, dtype);
-    bias_t = CUDA_R_32F;
-  }
+  if (bias && bias_dtype != dtype)
+    return tt_error_set(TT_ERR_DTYPE, "cuda gemm: bias dtype %d with dtype %d (expected the same)", bias_dtype, dtype);
   if (batch <= 0 || m <= 0 || n <= 0) return TT_OK;
   if (batch > 1 && stride_c == 0)
     return tt_error_set(TT_ERR_INVALID, "cuda gemm: batch %lld with stride_c 0 (C cannot be broadcast)",
@@ -277,7 +267,7 @@ extern "C" tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t b
     p = &g->plans[g->next];
     g->next = (g->next + 1) % TT_GEMM_CACHE;
     tt_gemm_plan_release(p);
-    st = tt_gemm_plan_build(g, p, &key, t, ct, scale, bias, bias_t);
+    st = tt_gemm_plan_build(g, p, &key, t, ct, scale, bias);
     if (st != TT_OK) {
       tt_gemm_plan_release(p);
       return st;

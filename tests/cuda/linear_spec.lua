@@ -83,7 +83,7 @@ describe("cuda linear: bias fused into the GEMM", function()
 
   if H.ON_GPU then
     for _, dt in ipairs({ "bfloat16", "float16" }) do
-      it("an f32 bias on a " .. dt .. " layer (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE)", H.scoped(function()
+      it("an f32 bias on a " .. dt .. " layer (rounded to " .. dt .. " for the epilogue)", H.scoped(function()
         local x, w = H.randn({ 300, 128 }, 1, dt), H.randn({ 96, 128 }, 2, dt)
         local b = H.randn({ 96 }, 3, "float32") -- f32 draws: most are not representable in 16 bits
         local out = run(dev(x), dev(w), dev(b), { 300, 96 }, dt, "f32 bias on " .. dt)
