@@ -324,6 +324,13 @@ tt_status tt_op_cross_entropy_backward(const tt_tensor *logits, const tt_tensor 
  * applied to it and param receives its rounded copy (bf16 params). */
 tt_status tt_op_adamw(tt_tensor *param, const tt_tensor *grad, tt_tensor *m, tt_tensor *v, tt_tensor *master,
                       double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step);
+/* tt_op_adamw over n tensors (steps[i] each; masters may be NULL, or hold
+ * NULLs), all on one device, with the same bits as n tt_op_adamw calls but
+ * few launches: on CUDA one per run of up to 32 tensors of the same dtypes.
+ * Every tensor is checked before any is updated. */
+tt_status tt_op_adamw_multi(int n, tt_tensor *const *params, tt_tensor *const *grads, tt_tensor *const *exp_avgs,
+                            tt_tensor *const *exp_avg_sqs, tt_tensor *const *masters, double lr, double beta1,
+                            double beta2, double eps, double weight_decay, const int64_t *steps);
 /* sqrt(sum over tensors of sum(x^2)), accumulated in f64 in a fixed order. */
 tt_status tt_op_global_norm(int n, tt_tensor *const *ts, double *out);
 

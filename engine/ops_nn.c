@@ -6,6 +6,7 @@
  * on a hot path).
  */
 #include <math.h>
+#include <stdio.h>
 
 #include "ops_common.h"
 
@@ -485,15 +486,15 @@ tt_status tt_op_cross_entropy_backward(const tt_tensor *logits, const tt_tensor 
 
 /* ---- optimizer ------------------------------------------------------------ */
 
-tt_status tt_op_adamw(tt_tensor *param, const tt_tensor *grad, tt_tensor *m, tt_tensor *v, tt_tensor *master,
-                      double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step) {
-  const char *op = "adamw";
+/* The checks of one AdamW update (prefix: "adamw" or "adamw_multi: tensor i"). */
+static tt_status tt_chk_adamw(const char *op, const tt_tensor *param, const tt_tensor *grad, const tt_tensor *m,
+                              const tt_tensor *v, const tt_tensor *master, int64_t step) {
   char s1[96];
   if (param->dtype != TT_F32 && param->dtype != TT_F64 && param->dtype != TT_BF16)
-    return tt_error_set(TT_ERR_DTYPE, "adamw: param %s is %s; expected float32, float64 or bfloat16", SHP(param, s1),
+    return tt_error_set(TT_ERR_DTYPE, "%s: param %s is %s; expected float32, float64 or bfloat16", op, SHP(param, s1),
                         tt_dtype_name(param->dtype));
   if (grad->dtype != TT_F32 && grad->dtype != TT_F64 && grad->dtype != TT_BF16)
-    return tt_error_set(TT_ERR_DTYPE, "adamw: grad %s is %s; expected float32, float64 or bfloat16", SHP(grad, s1),
+    return tt_error_set(TT_ERR_DTYPE, "%s: grad %s is %s; expected float32, float64 or bfloat16", op, SHP(grad, s1),
                         tt_dtype_name(grad->dtype));
   TT_TRY(tt_chk_same_shape(op, "param", param, "grad", grad));
   TT_TRY(tt_chk_same_shape(op, "param", param, "exp_avg", m));
@@ -502,27 +503,90 @@ tt_status tt_op_adamw(tt_tensor *param, const tt_tensor *grad, tt_tensor *m, tt_
   TT_TRY(tt_chk_same_device(op, "param", param, "exp_avg", m));
   TT_TRY(tt_chk_same_device(op, "param", param, "exp_avg_sq", v));
   if (m->dtype != TT_F32 || v->dtype != TT_F32 || (master && master->dtype != TT_F32))
-    return tt_error_set(TT_ERR_DTYPE, "adamw: optimizer state for param %s must be float32", SHP(param, s1));
+    return tt_error_set(TT_ERR_DTYPE, "%s: optimizer state for param %s must be float32", op, SHP(param, s1));
   TT_TRY(tt_chk_contig(op, "param", param));
   TT_TRY(tt_chk_contig(op, "grad", grad));
   TT_TRY(tt_chk_contig(op, "exp_avg", m));
   TT_TRY(tt_chk_contig(op, "exp_avg_sq", v));
   if (master) {
     TT_TRY(tt_chk_same_shape(op, "param", param, "master", master));
+    TT_TRY(tt_chk_same_device(op, "param", param, "master", master));
     TT_TRY(tt_chk_contig(op, "master", master));
   }
-  if (step < 1) return tt_error_set(TT_ERR_INVALID, "adamw: step counts from 1, got %lld", (long long)step);
+  if (step < 1) return tt_error_set(TT_ERR_INVALID, "%s: step counts from 1, got %lld", op, (long long)step);
+  return TT_OK;
+}
+
+static tt_status tt_chk_adamw_hp(const char *op, double lr, double beta1, double beta2, double eps,
+                                 double weight_decay) {
   if (!(lr >= 0) || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1) || !(eps >= 0) || !(weight_decay >= 0))
     return tt_error_set(TT_ERR_INVALID,
-                        "adamw: invalid hyper-parameters lr=%g betas=(%g, %g) eps=%g weight_decay=%g; expected "
+                        "%s: invalid hyper-parameters lr=%g betas=(%g, %g) eps=%g weight_decay=%g; expected "
                         "lr, eps, weight_decay >= 0 and betas in [0, 1)",
-                        lr, beta1, beta2, eps, weight_decay);
+                        op, lr, beta1, beta2, eps, weight_decay);
+  return TT_OK;
+}
+
+tt_status tt_op_adamw(tt_tensor *param, const tt_tensor *grad, tt_tensor *m, tt_tensor *v, tt_tensor *master,
+                      double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+  const char *op = "adamw";
+  TT_TRY(tt_chk_adamw(op, param, grad, m, v, master, step));
+  TT_TRY(tt_chk_adamw_hp(op, lr, beta1, beta2, eps, weight_decay));
   if (param->device.type == TT_META) return TT_OK;
   TT_KERNEL(be, param->device, adamw, op);
   double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
   return tt_kernel_check(be->adamw(param->dtype, grad->dtype, tt_tensor_numel(param), tt_tensor_data(param), tt_tensor_data(grad),
                    tt_tensor_data(m), tt_tensor_data(v), master ? tt_tensor_data(master) : NULL, lr, beta1, beta2,
                    eps, weight_decay, bc1, bc2), "adamw", be, param->dtype);
+}
+
+/* Every tensor is checked before any is updated, so a bad one leaves all
+ * as they were. Runs of consecutive tensors with the same dtypes go to the
+ * backend's adamw_multi as one call (one launch per TT_ADAMW_MULTI_MAX on
+ * CUDA); backends without it get one adamw call per tensor. */
+tt_status tt_op_adamw_multi(int n, tt_tensor *const *params, tt_tensor *const *grads, tt_tensor *const *ms,
+                            tt_tensor *const *vs, tt_tensor *const *masters, double lr, double beta1, double beta2,
+                            double eps, double weight_decay, const int64_t *steps) {
+  char op[64];
+  if (n < 0) return tt_error_set(TT_ERR_INVALID, "adamw_multi: n = %d tensors", n);
+  TT_TRY(tt_chk_adamw_hp("adamw_multi", lr, beta1, beta2, eps, weight_decay));
+  for (int i = 0; i < n; i++) {
+    snprintf(op, sizeof op, "adamw_multi: tensor %d", i);
+    if (!params[i] || !grads[i] || !ms[i] || !vs[i])
+      return tt_error_set(TT_ERR_INVALID, "%s: param, grad, exp_avg and exp_avg_sq must all be given", op);
+    TT_TRY(tt_chk_adamw(op, params[i], grads[i], ms[i], vs[i], masters ? masters[i] : NULL, steps[i]));
+    TT_TRY(tt_chk_same_device(op, "param", params[i], "the first param", params[0]));
+  }
+  if (n == 0 || params[0]->device.type == TT_META) return TT_OK;
+  TT_KERNEL(be, params[0]->device, adamw, "adamw_multi");
+  tt_adamw_tensor run[TT_ADAMW_MULTI_MAX];
+  for (int i = 0; i < n;) {
+    int pd = params[i]->dtype, gd = grads[i]->dtype, k = 0;
+    while (i < n && k < TT_ADAMW_MULTI_MAX && params[i]->dtype == pd && grads[i]->dtype == gd) {
+      tt_adamw_tensor *t = &run[k++];
+      t->param = tt_tensor_data(params[i]);
+      t->grad = tt_tensor_data(grads[i]);
+      t->m = tt_tensor_data(ms[i]);
+      t->v = tt_tensor_data(vs[i]);
+      t->master = masters && masters[i] ? tt_tensor_data(masters[i]) : NULL;
+      t->n = tt_tensor_numel(params[i]);
+      t->bias_correction1 = 1.0 - pow(beta1, (double)steps[i]);
+      t->bias_correction2 = 1.0 - pow(beta2, (double)steps[i]);
+      i++;
+    }
+    tt_status st;
+    if (be->adamw_multi) {
+      st = tt_kernel_check(be->adamw_multi(pd, gd, k, run, lr, beta1, beta2, eps, weight_decay), "adamw_multi", be, pd);
+    } else {
+      st = TT_OK;
+      for (int j = 0; j < k && st == TT_OK; j++)
+        st = tt_kernel_check(be->adamw(pd, gd, run[j].n, run[j].param, run[j].grad, run[j].m, run[j].v, run[j].master,
+                                       lr, beta1, beta2, eps, weight_decay, run[j].bias_correction1,
+                                       run[j].bias_correction2), "adamw_multi", be, pd);
+    }
+    if (st != TT_OK) return st;
+  }
+  return TT_OK;
 }
 
 tt_status tt_op_global_norm(int n, tt_tensor *const *ts, double *out) {

@@ -41,6 +41,16 @@ typedef struct tt_index_fault {
   int64_t index, position, bound;
 } tt_index_fault;
 
+/* One tensor of a multi-tensor AdamW step (adamw_multi). */
+#define TT_ADAMW_MULTI_MAX 32
+typedef struct tt_adamw_tensor {
+  void *param;
+  const void *grad;
+  float *m, *v, *master; /* master may be NULL */
+  int64_t n;
+  double bias_correction1, bias_correction2;
+} tt_adamw_tensor;
+
 typedef struct tt_kernels {
   const char *name;
 
@@ -195,6 +205,11 @@ typedef struct tt_kernels {
   tt_status (*count_valid)(int64_t N, const int64_t *targets, int64_t ignore_index, int64_t *count);
 
   /* -- optimizer -- */
+  /* adamw over k <= TT_ADAMW_MULTI_MAX tensors of the same dtypes in one
+   * go, each with its own bias corrections; the same bits as k adamw calls.
+   * NULL: the engine calls adamw per tensor. */
+  tt_status (*adamw_multi)(int param_dtype, int grad_dtype, int k, const tt_adamw_tensor *ts, double lr, double beta1,
+                           double beta2, double eps, double weight_decay);
   /* param (param_dtype), grad (grad_dtype), m, v, master: f32 (master may be NULL). */
   tt_status (*adamw)(int param_dtype, int grad_dtype, int64_t n, void *param, const void *grad, float *m, float *v,
                      float *master, double lr, double beta1, double beta2, double eps, double weight_decay,

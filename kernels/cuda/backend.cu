@@ -292,6 +292,7 @@ static tt_kernels tt_cuda_table_make(void) {
   k.cross_entropy_backward = tt_cuda_cross_entropy_backward;
   k.count_valid = tt_cuda_count_valid;
   k.adamw = tt_cuda_adamw;
+  k.adamw_multi = tt_cuda_adamw_multi;
   /* pinned host memory, asynchronous snapshots (host.cu) */
   k.host_alloc = tt_cuda_host_alloc;
   k.host_free = tt_cuda_host_free;

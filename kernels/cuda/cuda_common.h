@@ -122,6 +122,8 @@ tt_status tt_cuda_count_valid(int64_t N, const int64_t *targets, int64_t ignore_
 tt_status tt_cuda_adamw(int param_dtype, int grad_dtype, int64_t n, void *param, const void *grad, float *m,
                         float *v, float *master, double lr, double beta1, double beta2, double eps,
                         double weight_decay, double bias_correction1, double bias_correction2);
+tt_status tt_cuda_adamw_multi(int param_dtype, int grad_dtype, int count, const tt_adamw_tensor *ts, double lr,
+                              double beta1, double beta2, double eps, double weight_decay);
 }
 
 #define TT_CUDA_MAX_DEVICES 16

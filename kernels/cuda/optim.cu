@@ -86,13 +86,16 @@ __device__ __forceinline__ void tt_adam_st(typename tt_ft<DT>::S *p, int64_t e, 
   }
 }
 
-/* The f32 path: param of PDT (f32, bf16, f16; f64 only with master). */
+/* The f32 path over units [first, nu) of one tensor, every `stride`-th:
+ * param of PDT (f32, bf16, f16; f64 only with master). */
 template <int PDT, int GDT>
-__global__ void tt_adamw_f32_kernel(tt_adam_f32 k, int64_t n, bool vec, typename tt_ft<PDT>::S *__restrict__ param,
-                                    const typename tt_ft<GDT>::S *__restrict__ grad, float *__restrict__ m,
-                                    float *__restrict__ v, float *__restrict__ master) {
+__device__ __forceinline__ void tt_adamw_f32_units(const tt_adam_f32 &k, int64_t n, bool vec, int64_t first,
+                                                   int64_t stride, typename tt_ft<PDT>::S *__restrict__ param,
+                                                   const typename tt_ft<GDT>::S *__restrict__ grad,
+                                                   float *__restrict__ m, float *__restrict__ v,
+                                                   float *__restrict__ master) {
   const int64_t nu = (n + TT_ADAM_UNIT - 1) / TT_ADAM_UNIT;
-  for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < nu; u += (int64_t)gridDim.x * blockDim.x) {
+  for (int64_t u = first; u < nu; u += stride) {
     const int64_t e = u * TT_ADAM_UNIT;
     const int cnt = n - e < TT_ADAM_UNIT ? (int)(n - e) : TT_ADAM_UNIT;
     float mv[4], vv[4], pv[4], gv[4];
@@ -108,6 +111,49 @@ __global__ void tt_adamw_f32_kernel(tt_adam_f32 k, int64_t n, bool vec, typename
     if (master) tt_adam_st<TT_F32>(master, e, cnt, vec, pv);
     tt_adam_st<PDT>(param, e, cnt, vec, pv);
   }
+}
+
+template <int PDT, int GDT>
+__global__ void tt_adamw_f32_kernel(tt_adam_f32 k, int64_t n, bool vec, typename tt_ft<PDT>::S *__restrict__ param,
+                                    const typename tt_ft<GDT>::S *__restrict__ grad, float *__restrict__ m,
+                                    float *__restrict__ v, float *__restrict__ master) {
+  tt_adamw_f32_units<PDT, GDT>(k, n, vec, (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
+                               (int64_t)gridDim.x * blockDim.x, param, grad, m, v, master);
+}
+
+/* Many tensors per launch (as PyTorch's multi_tensor_apply): the tensors'
+ * pointers travel as a kernel argument (no copy to the device, so the
+ * launch is also capturable in a CUDA graph); tensor i owns the blocks
+ * [first_block[i], first_block[i + 1]) and walks its elements with them.
+ * Per tensor only the bias corrections differ; the arithmetic is the
+ * single-tensor kernel's, so the bits are the same. */
+struct tt_adam_mt_tensor {
+  void *param;
+  const void *grad;
+  float *m, *v, *master;
+  int64_t n;
+  float neg_step, bc2_sqrt;
+  int vec;
+};
+
+struct tt_adam_mt_args {
+  int count;
+  unsigned int first_block[TT_ADAMW_MULTI_MAX + 1];
+  tt_adam_mt_tensor t[TT_ADAMW_MULTI_MAX];
+};
+
+template <int PDT, int GDT>
+__global__ void tt_adamw_mt_kernel(tt_adam_f32 k, const __grid_constant__ tt_adam_mt_args a) {
+  int i = 0;
+  while (i + 1 < a.count && a.first_block[i + 1] <= blockIdx.x) i++;
+  const tt_adam_mt_tensor &d = a.t[i];
+  tt_adam_f32 kk = k;
+  kk.neg_step = d.neg_step;
+  kk.bc2_sqrt = d.bc2_sqrt;
+  const int64_t blocks = a.first_block[i + 1] - a.first_block[i];
+  tt_adamw_f32_units<PDT, GDT>(kk, d.n, d.vec != 0, (int64_t)(blockIdx.x - a.first_block[i]) * blockDim.x + threadIdx.x,
+                               blocks * blockDim.x, (typename tt_ft<PDT>::S *)d.param,
+                               (const typename tt_ft<GDT>::S *)d.grad, d.m, d.v, d.master);
 }
 
 /* The f64 path (f64 param, no master). */
@@ -148,6 +194,35 @@ static void tt_adamw_f32_by_grad(int grad_dtype, const tt_adam_f32 &k, int64_t n
 
 static int tt_adam_dtype_ok(int dt) { return dt == TT_F32 || dt == TT_F64 || dt == TT_BF16 || dt == TT_F16; }
 
+/* The scalars exactly as the CPU computes them (host double, rounded to f32). */
+static tt_adam_f32 tt_adam_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                   double bias_correction1, double bias_correction2) {
+  tt_adam_f32 k;
+  k.decay = (float)(1.0 - lr * weight_decay);
+  float w = (float)(1.0 - beta1);
+  k.small = fabsf(w) < 0.5f;
+  k.coeff = k.small ? w : w - 1.0f;
+  k.b2 = (float)beta2;
+  k.c2 = (float)(1.0 - beta2);
+  k.bc2_sqrt = (float)sqrt(bias_correction2);
+  k.eps = (float)eps;
+  k.neg_step = (float)(-(lr / bias_correction1));
+  return k;
+}
+
+/* Every array of the update allows 4-element vector accesses. */
+static bool tt_adam_vec_ok(int param_dtype, int grad_dtype, const void *param, const void *grad, const float *m,
+                           const float *v, const float *master) {
+  bool vec = tt_quad_ok(m) && tt_quad_ok(v) && (!master || tt_quad_ok(master));
+  if (grad_dtype == TT_F64) vec = vec && tt_quad_ok((const double *)grad);
+  else if (grad_dtype == TT_F32) vec = vec && tt_quad_ok((const float *)grad);
+  else vec = vec && tt_quad_ok((const uint16_t *)grad);
+  if (param_dtype == TT_F64) vec = vec && tt_quad_ok((const double *)param);
+  else if (param_dtype == TT_F32) vec = vec && tt_quad_ok((const float *)param);
+  else vec = vec && tt_quad_ok((const uint16_t *)param);
+  return vec;
+}
+
 extern "C" tt_status tt_cuda_adamw(int param_dtype, int grad_dtype, int64_t n, void *param, const void *grad,
                                    float *m, float *v, float *master, double lr, double beta1, double beta2,
                                    double eps, double weight_decay, double bias_correction1,
@@ -183,24 +258,8 @@ extern "C" tt_status tt_cuda_adamw(int param_dtype, int grad_dtype, int64_t n, v
     return TT_OK;
   }
 
-  /* The scalars exactly as the CPU computes them (host double, rounded to f32). */
-  tt_adam_f32 k;
-  k.decay = (float)(1.0 - lr * weight_decay);
-  float w = (float)(1.0 - beta1);
-  k.small = fabsf(w) < 0.5f;
-  k.coeff = k.small ? w : w - 1.0f;
-  k.b2 = (float)beta2;
-  k.c2 = (float)(1.0 - beta2);
-  k.bc2_sqrt = (float)sqrt(bias_correction2);
-  k.eps = (float)eps;
-  k.neg_step = (float)(-(lr / bias_correction1));
-  bool vec = tt_quad_ok(m) && tt_quad_ok(v) && (!master || tt_quad_ok(master));
-  if (grad_dtype == TT_F64) vec = vec && tt_quad_ok((const double *)grad);
-  else if (grad_dtype == TT_F32) vec = vec && tt_quad_ok((const float *)grad);
-  else vec = vec && tt_quad_ok((const uint16_t *)grad);
-  if (param_dtype == TT_F64) vec = vec && tt_quad_ok((const double *)param);
-  else if (param_dtype == TT_F32) vec = vec && tt_quad_ok((const float *)param);
-  else vec = vec && tt_quad_ok((const uint16_t *)param);
+  tt_adam_f32 k = tt_adam_scalars(lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2);
+  bool vec = tt_adam_vec_ok(param_dtype, grad_dtype, param, grad, m, v, master);
   switch (param_dtype) {
     case TT_F32: tt_adamw_f32_by_grad<TT_F32>(grad_dtype, k, n, vec, param, grad, m, v, master, s); break;
     case TT_BF16: tt_adamw_f32_by_grad<TT_BF16>(grad_dtype, k, n, vec, param, grad, m, v, master, s); break;
@@ -208,5 +267,70 @@ extern "C" tt_status tt_cuda_adamw(int param_dtype, int grad_dtype, int64_t n, v
     default: tt_adamw_f32_by_grad<TT_F64>(grad_dtype, k, n, vec, param, grad, m, v, master, s); break;
   }
   TT_CUDA_CHECK_LAUNCH("tt_adamw_f32_kernel");
+  return TT_OK;
+}
+
+template <int PDT>
+static void tt_adamw_mt_by_grad(int grad_dtype, unsigned int grid, const tt_adam_f32 &k, const tt_adam_mt_args &a,
+                                cudaStream_t s) {
+  switch (grad_dtype) {
+    case TT_F32: tt_adamw_mt_kernel<PDT, TT_F32><<<grid, TT_CUDA_THREADS, 0, s>>>(k, a); break;
+    case TT_F64: tt_adamw_mt_kernel<PDT, TT_F64><<<grid, TT_CUDA_THREADS, 0, s>>>(k, a); break;
+    case TT_BF16: tt_adamw_mt_kernel<PDT, TT_BF16><<<grid, TT_CUDA_THREADS, 0, s>>>(k, a); break;
+    default: tt_adamw_mt_kernel<PDT, TT_F16><<<grid, TT_CUDA_THREADS, 0, s>>>(k, a); break;
+  }
+}
+
+extern "C" tt_status tt_cuda_adamw_multi(int param_dtype, int grad_dtype, int count, const tt_adamw_tensor *ts,
+                                         double lr, double beta1, double beta2, double eps, double weight_decay) {
+  if (!tt_adam_dtype_ok(param_dtype) || !tt_adam_dtype_ok(grad_dtype))
+    return tt_error_set(TT_ERR_DTYPE, "cuda adamw_multi: param dtype %d, grad dtype %d (expected f32, f64, bf16 or f16)",
+                        param_dtype, grad_dtype);
+  if (count < 0 || count > TT_ADAMW_MULTI_MAX)
+    return tt_error_set(TT_ERR_INVALID, "cuda adamw_multi: %d tensors (at most %d per call)", count, TT_ADAMW_MULTI_MAX);
+  /* f64 parameters (reference checks) keep their double scalars and one launch each. */
+  if (param_dtype == TT_F64) {
+    for (int i = 0; i < count; i++) {
+      tt_status st = tt_cuda_adamw(param_dtype, grad_dtype, ts[i].n, ts[i].param, ts[i].grad, ts[i].m, ts[i].v,
+                                   ts[i].master, lr, beta1, beta2, eps, weight_decay, ts[i].bias_correction1,
+                                   ts[i].bias_correction2);
+      if (st != TT_OK) return st;
+    }
+    return TT_OK;
+  }
+  int device;
+  cudaStream_t s;
+  tt_status st = tt_cuda_current(&device, &s);
+  if (st != TT_OK) return st;
+  tt_adam_f32 k = tt_adam_scalars(lr, beta1, beta2, eps, weight_decay, 1.0, 1.0);
+  tt_adam_mt_args a;
+  memset(&a, 0, sizeof a);
+  unsigned int grid = 0;
+  for (int i = 0; i < count; i++) {
+    if (ts[i].n <= 0) continue;
+    tt_adam_mt_tensor &d = a.t[a.count];
+    d.param = ts[i].param;
+    d.grad = ts[i].grad;
+    d.m = ts[i].m;
+    d.v = ts[i].v;
+    d.master = ts[i].master;
+    d.n = ts[i].n;
+    tt_adam_f32 ki = tt_adam_scalars(lr, beta1, beta2, eps, weight_decay, ts[i].bias_correction1,
+                                     ts[i].bias_correction2);
+    d.neg_step = ki.neg_step;
+    d.bc2_sqrt = ki.bc2_sqrt;
+    d.vec = tt_adam_vec_ok(param_dtype, grad_dtype, d.param, d.grad, d.m, d.v, d.master);
+    a.first_block[a.count] = grid;
+    grid += tt_cuda_blocks((d.n + TT_ADAM_UNIT - 1) / TT_ADAM_UNIT);
+    a.count++;
+  }
+  if (a.count == 0) return TT_OK;
+  a.first_block[a.count] = grid;
+  switch (param_dtype) {
+    case TT_F32: tt_adamw_mt_by_grad<TT_F32>(grad_dtype, grid, k, a, s); break;
+    case TT_BF16: tt_adamw_mt_by_grad<TT_BF16>(grad_dtype, grid, k, a, s); break;
+    default: tt_adamw_mt_by_grad<TT_F16>(grad_dtype, grid, k, a, s); break;
+  }
+  TT_CUDA_CHECK_LAUNCH("tt_adamw_mt_kernel");
   return TT_OK;
 }

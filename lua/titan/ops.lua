@@ -630,6 +630,25 @@ function M.adamw_(param, grad, exp_avg, exp_avg_sq, hp, master)
   return param
 end
 
+-- One AdamW step over many tensors (see tt_op_adamw_multi): entries =
+-- { {param, grad, exp_avg, exp_avg_sq, master (or nil), step}, ... } sharing
+-- hp = {lr, betas, eps, weight_decay}. The same bits as an adamw_ per
+-- entry, in a few launches on a GPU.
+function M.adamw_multi_(entries, hp)
+  local n = #entries
+  local b = hp.betas or { 0.9, 0.999 }
+  local k = math.max(n, 1)
+  local P, G, Mm, V, W = ffi.new("tt_tensor*[?]", k), ffi.new("tt_tensor*[?]", k), ffi.new("tt_tensor*[?]", k),
+    ffi.new("tt_tensor*[?]", k), ffi.new("tt_tensor*[?]", k)
+  local steps = ffi.new("int64_t[?]", k)
+  for i, e in ipairs(entries) do
+    P[i - 1], G[i - 1], Mm[i - 1], V[i - 1] = cptr(e[1]), cptr(e[2]), cptr(e[3]), cptr(e[4])
+    W[i - 1] = e[5] and cptr(e[5]) or nil
+    steps[i - 1] = e[6]
+  end
+  check(C.tt_op_adamw_multi(n, P, G, Mm, V, W, hp.lr, b[1], b[2], hp.eps or 1e-8, hp.weight_decay or 0, steps), 2)
+end
+
 -- L2 norm over a list of tensors, accumulated in f64 in list order.
 local norm_out = ffi.new("double[1]")
 function M.global_norm(ts)

@@ -55,9 +55,12 @@ end
 
 -- One step over every parameter that has a gradient. Optimizer state (f32
 -- moments; an f32 master copy for bf16 parameters) is created on first use
--- and kept outside every scope.
+-- and kept outside every scope. The parameters of a group on one device go
+-- to one multi-tensor update (a few kernel launches instead of one per
+-- parameter), in parameter order.
 function AdamW:step()
   self.step_count = self.step_count + 1
+  local batches, order = {}, {}
   for _, e in ipairs(self.params) do
     local p = e.param
     if p.grad then
@@ -72,12 +75,20 @@ function AdamW:step()
         self.state[e.name] = st
       end
       st.step = st.step + 1
-      local g = self.groups[e.group]
-      ops.adamw_(p, p.grad, st.exp_avg, st.exp_avg_sq, {
-        lr = g.lr * (self.lr_factor or 1), betas = g.betas, eps = g.eps, weight_decay = g.weight_decay,
-        step = st.step,
-      }, st.master)
+      local key = e.group .. "|" .. p:device()
+      local b = batches[key]
+      if not b then
+        b = { group = e.group }
+        batches[key] = b
+        order[#order + 1] = b
+      end
+      b[#b + 1] = { p, p.grad, st.exp_avg, st.exp_avg_sq, st.master, st.step }
     end
+  end
+  for _, b in ipairs(order) do
+    local g = self.groups[b.group]
+    ops.adamw_multi_(b, { lr = g.lr * (self.lr_factor or 1), betas = g.betas, eps = g.eps,
+      weight_decay = g.weight_decay })
   end
 end
 

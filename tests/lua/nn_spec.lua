@@ -190,6 +190,40 @@ describe("optimizer primitives", function()
     for i = 1, 4 do assert(math.abs(got[i] - rp[i]) < 1e-6, ("param %d: %g vs %g"):format(i, got[i], rp[i])) end
   end)
 
+  it("adamw_multi_ equals adamw_ per tensor bit for bit, and checks every tensor before touching any", function()
+    local function state(seed, n, bf16)
+      local function draw(f, k) return f({ n }, { seed = seed + k, offset = 0 }) end
+      local p = draw(titan.randn, 0)
+      local e = { p = bf16 and p:to("bfloat16") or p, g = draw(titan.randn, 1), m = draw(titan.randn, 2),
+        v = draw(titan.rand, 3) }
+      if bf16 then e.master = p:clone(); e.g = e.g:to("bfloat16") end
+      return e
+    end
+    local hp = { lr = 2e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 }
+    local a, b, entries = {}, {}, {}
+    for i = 1, 7 do
+      local n, bf16 = ({ 1, 5, 64, 300 })[(i - 1) % 4 + 1], i % 3 == 0
+      a[i], b[i] = state(10 * i, n, bf16), state(10 * i, n, bf16)
+      titan.adamw_(a[i].p, a[i].g, a[i].m, a[i].v, { lr = hp.lr, betas = hp.betas, eps = hp.eps,
+        weight_decay = hp.weight_decay, step = i }, a[i].master)
+      entries[i] = { b[i].p, b[i].g, b[i].m, b[i].v, b[i].master, i }
+    end
+    titan.ops.adamw_multi_(entries, hp)
+    for i = 1, 7 do
+      assert.are.same(a[i].p:float():tolist(), b[i].p:float():tolist())
+      assert.are.same(a[i].m:tolist(), b[i].m:tolist())
+      assert.are.same(a[i].v:tolist(), b[i].v:tolist())
+      if a[i].master then assert.are.same(a[i].master:tolist(), b[i].master:tolist()) end
+    end
+    -- a bad third tensor: one line naming it, and the first two untouched
+    local before = b[1].p:tolist()
+    local bad = { entries[1], entries[2], { b[3].p, titan.zeros(2), b[3].m, b[3].v, b[3].master, 1 } }
+    local ok, err = pcall(titan.ops.adamw_multi_, bad, hp)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("adamw_multi: tensor 2", 1, true), err)
+    assert.are.same(before, b[1].p:tolist())
+  end)
+
   it("adamw_ with f32 master weights for a bf16 parameter", function()
     local master = titan.tensor({ 1.001, -2.003 })
     local p = master:to("bfloat16")
