@@ -7,6 +7,7 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "ops_common.h"
 
@@ -589,26 +590,73 @@ tt_status tt_op_adamw_multi(int n, tt_tensor *const *params, tt_tensor *const *g
   return TT_OK;
 }
 
+/* The tensors' sums of squares come back in one wait per device where the
+ * backend has sumsq_many (a GPU: not one wait per tensor); they are added on
+ * the host in the tensors' order either way, so the bits do not depend on it. */
 tt_status tt_op_global_norm(int n, tt_tensor *const *ts, double *out) {
-  double total = 0;
   *out = 0;
-  for (int i = 0; i < n; i++) { /* fixed order: the tensors' order */
+  if (n <= 0) return TT_OK;
+  tt_tensor **packed = calloc((size_t)n, sizeof *packed);
+  double *sq = calloc((size_t)n, sizeof *sq);
+  char *done = calloc((size_t)n, 1);
+  /* the current device's batch, compacted */
+  int *bi = calloc((size_t)n, sizeof *bi), *bdt = calloc((size_t)n, sizeof *bdt);
+  int64_t *bn = calloc((size_t)n, sizeof *bn);
+  const void **bx = calloc((size_t)n, sizeof *bx);
+  double *bres = calloc((size_t)n, sizeof *bres);
+  tt_status st = packed && sq && done && bi && bdt && bn && bx && bres
+                     ? TT_OK
+                     : tt_error_set(TT_ERR_OOM, "global_norm: out of host memory");
+  for (int i = 0; st == TT_OK && i < n; i++) {
     const tt_tensor *t = ts[i];
-    if (!t) continue;
+    if (!t || t->device.type == TT_META) {
+      if (done) done[i] = 1;
+      continue;
+    }
     if (!tt_dtype_is_float(t->dtype))
-      return tt_error_set(TT_ERR_DTYPE, "global_norm: tensor %d has dtype %s; expected a float tensor", i,
-                          tt_dtype_name(t->dtype));
-    if (t->device.type == TT_META) continue;
-    const tt_kernels *be = tt_backend(t->device);
-    if (!be || !be->sumsq) return tt_error_set(TT_ERR_UNSUPPORTED, "global_norm: not implemented on this device");
-    tt_tensor *c = NULL;
-    TT_TRY(tt_tensor_contiguous(t, &c));
-    double s = 0;
-    tt_status st = tt_kernel_check(be->sumsq(c->dtype, tt_tensor_numel(c), tt_tensor_data(c), &s), "sumsq", be, c->dtype);
-    tt_tensor_release(c);
-    if (st != TT_OK) return tt_error_set(st, "global_norm: sumsq failed for tensor %d (%s)", i, tt_dtype_name(t->dtype));
-    total += s;
+      st = tt_error_set(TT_ERR_DTYPE, "global_norm: tensor %d has dtype %s; expected a float tensor", i,
+                        tt_dtype_name(t->dtype));
+    else if (!tt_backend(t->device))
+      st = tt_error_set(TT_ERR_UNSUPPORTED, "global_norm: not implemented on this device");
+    else
+      st = tt_tensor_contiguous(t, &packed[i]);
   }
-  *out = sqrt(total);
-  return TT_OK;
+  /* One batch per device, in the order the devices first appear. */
+  for (int first = 0; st == TT_OK && first < n; first++) {
+    if (done[first]) continue;
+    tt_device dev = packed[first]->device;
+    const tt_kernels *be = tt_backend(dev);
+    int k = 0;
+    for (int i = first; i < n; i++) {
+      if (done[i] || !tt_same_device(packed[i]->device, dev)) continue;
+      bi[k] = i;
+      bdt[k] = packed[i]->dtype;
+      bn[k] = tt_tensor_numel(packed[i]);
+      bx[k] = tt_tensor_data(packed[i]);
+      k++;
+    }
+    if (be->sumsq_many)
+      st = tt_kernel_check(be->sumsq_many(k, bdt, bn, bx, bres), "sumsq", be, bdt[0]);
+    else if (!be->sumsq)
+      st = tt_error_set(TT_ERR_UNSUPPORTED, "global_norm: not implemented on this device");
+    else
+      for (int j = 0; j < k && st == TT_OK; j++)
+        st = tt_kernel_check(be->sumsq(bdt[j], bn[j], bx[j], &bres[j]), "sumsq", be, bdt[j]);
+    if (st != TT_OK) {
+      char nm[32], why[256];
+      snprintf(why, sizeof why, "%s", tt_last_error()); /* the message is rewritten below */
+      st = tt_error_set(st, "global_norm: sumsq failed on the tensors of %s (%s)", tt_device_name(dev, nm, sizeof nm),
+                        why);
+    }
+    for (int j = 0; j < k && st == TT_OK; j++) {
+      sq[bi[j]] = bres[j];
+      done[bi[j]] = 1;
+    }
+  }
+  double total = 0;
+  for (int i = 0; st == TT_OK && i < n; i++) total += sq[i]; /* fixed order: the tensors' */
+  if (st == TT_OK) *out = sqrt(total);
+  for (int i = 0; packed && i < n; i++) tt_tensor_release(packed[i]);
+  free(packed); free(sq); free(done); free(bi); free(bdt); free(bn); free(bx); free(bres);
+  return st;
 }

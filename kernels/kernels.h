@@ -128,6 +128,9 @@ typedef struct tt_kernels {
                                 void *dx);
   /* sum of squares of n elements accumulated in f64, fixed order. */
   tt_status (*sumsq)(int dtype, int64_t n, const void *x, double *out);
+  /* out[i] = sumsq of tensor i (contiguous), each as sumsq computes it, with
+   * one wait for all (NULL: the engine calls sumsq per tensor). */
+  tt_status (*sumsq_many)(int k, const int *dtypes, const int64_t *ns, const void *const *xs, double *out);
 
   /* -- matmul: C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i] + bias,
    *    row-major, i < batch, stride_* = 0 broadcasts an operand. dtype

@@ -272,6 +272,7 @@ static tt_kernels tt_cuda_table_make(void) {
   k.softmax = tt_cuda_softmax;
   k.softmax_backward = tt_cuda_softmax_backward;
   k.sumsq = tt_cuda_sumsq;
+  k.sumsq_many = tt_cuda_sumsq_many;
   k.gemm = tt_cuda_gemm;
   k.index_select = tt_cuda_index_select;
   k.index_add = tt_cuda_index_add;

@@ -72,6 +72,7 @@ tt_status tt_cuda_softmax(int dtype, int64_t rows, int64_t n, int log, const voi
 tt_status tt_cuda_softmax_backward(int dtype, int64_t rows, int64_t n, int log, const void *y, const void *dy,
                                    void *dx);
 tt_status tt_cuda_sumsq(int dtype, int64_t n, const void *x, double *out);
+tt_status tt_cuda_sumsq_many(int k, const int *dtypes, const int64_t *ns, const void *const *xs, double *out);
 /* index.cu */
 tt_status tt_cuda_index_select(int dtype, int64_t outer, int64_t n_src, int64_t inner, const void *src,
                                int64_t n_idx, const int64_t *idx, void *out);

@@ -599,46 +599,67 @@ __global__ void tt_sumsq_partial(int64_t n, int64_t L, int64_t nseg, const typen
 }
 
 /* One block folds the partials: lane l takes l, l + 256, ... in order. */
-__global__ void tt_sumsq_final(int64_t nseg, double *part) {
+__global__ void tt_sumsq_final(int64_t nseg, const double *part, double *out) {
   __shared__ double sm[TT_WARPS];
   double acc = 0.0;
   for (int64_t i = threadIdx.x; i < nseg; i += TT_CUDA_THREADS) acc = tt_add(acc, part[i]);
   acc = tt_group_reduce<TT_CUDA_THREADS>(acc, tt_sum_op(), sm);
-  if (threadIdx.x == 0) part[TT_SUMSQ_MAX_SEGS] = acc;
+  if (threadIdx.x == 0) *out = acc;
 }
 
-template <int DT> static tt_status tt_sumsq_launch(int64_t n, const void *x, double *out) {
-  int device;
-  cudaStream_t s;
-  tt_status st = tt_cuda_current(&device, &s);
-  if (st != TT_OK) return st;
+/* Queues the sum of squares of x into *slot (device memory), using part
+ * (TT_SUMSQ_MAX_SEGS doubles of workspace) for the segments. */
+template <int DT> static tt_status tt_sumsq_enqueue(cudaStream_t s, int64_t n, const void *x, double *part, double *slot) {
   int64_t nseg = tt_cdiv(n, 16384);
   if (nseg > TT_SUMSQ_MAX_SEGS) nseg = TT_SUMSQ_MAX_SEGS;
   int64_t L = (tt_cdiv(n, nseg) + 7) / 8 * 8;
   nseg = tt_cdiv(n, L);
-  std::unique_lock<std::mutex> hold;
-  void *ws;
-  if ((st = tt_cuda_workspace(device, &ws, &hold)) != TT_OK) return st;
-  double *part = (double *)ws;
   tt_sumsq_partial<DT><<<(unsigned int)nseg, TT_CUDA_THREADS, 0, s>>>(n, L, nseg, (const typename tt_ft<DT>::S *)x,
                                                                        part);
   TT_CUDA_CHECK_LAUNCH("tt_sumsq_partial");
-  tt_sumsq_final<<<1, TT_CUDA_THREADS, 0, s>>>(nseg, part);
+  tt_sumsq_final<<<1, TT_CUDA_THREADS, 0, s>>>(nseg, part, slot);
   TT_CUDA_CHECK_LAUNCH("tt_sumsq_final");
-  double r = 0.0;
-  TT_CUDA_CHECK(cudaMemcpyAsync(&r, part + TT_SUMSQ_MAX_SEGS, sizeof r, cudaMemcpyDeviceToHost, s));
-  TT_CUDA_CHECK(cudaStreamSynchronize(s));
-  *out = r;
+  return TT_OK;
+}
+
+static tt_status tt_sumsq_dispatch(int dtype, cudaStream_t s, int64_t n, const void *x, double *part, double *slot) {
+  if (n <= 0) {
+    TT_CUDA_CHECK(cudaMemsetAsync(slot, 0, sizeof *slot, s)); /* all-zero bits: +0.0 */
+    return TT_OK;
+  }
+  TT_FLOAT_DISPATCH(dtype, tt_sumsq_enqueue, s, n, x, part, slot)
+  return tt_error_set(TT_ERR_DTYPE, "cuda sumsq: dtype %d not supported (f32, f64, bf16, f16)", dtype);
+}
+
+/* The sums of squares of k tensors with one read-back for all: each result
+ * lands in its own workspace slot after the partials' area, then the slots
+ * come to the host together. */
+extern "C" tt_status tt_cuda_sumsq_many(int k, const int *dtypes, const int64_t *ns, const void *const *xs,
+                                        double *out) {
+  for (int i = 0; i < k; i++)
+    if (!tt_reduce_dtype_ok(dtypes[i]))
+      return tt_error_set(TT_ERR_DTYPE, "cuda sumsq: dtype %d not supported (f32, f64, bf16, f16)", dtypes[i]);
+  if (k <= 0) return TT_OK;
+  const int64_t max_slots = (int64_t)(TT_CUDA_WORKSPACE / sizeof(double)) - TT_SUMSQ_MAX_SEGS;
+  int device;
+  cudaStream_t s;
+  tt_status st = tt_cuda_current(&device, &s);
+  if (st != TT_OK) return st;
+  std::unique_lock<std::mutex> hold;
+  void *ws;
+  if ((st = tt_cuda_workspace(device, &ws, &hold)) != TT_OK) return st;
+  double *part = (double *)ws, *slots = part + TT_SUMSQ_MAX_SEGS;
+  for (int done = 0; done < k;) {
+    int batch = (int)(k - done < max_slots ? k - done : max_slots);
+    for (int i = 0; i < batch; i++)
+      if ((st = tt_sumsq_dispatch(dtypes[done + i], s, ns[done + i], xs[done + i], part, slots + i)) != TT_OK) return st;
+    TT_CUDA_CHECK(cudaMemcpyAsync(out + done, slots, (size_t)batch * sizeof(double), cudaMemcpyDeviceToHost, s));
+    TT_CUDA_CHECK(cudaStreamSynchronize(s));
+    done += batch;
+  }
   return TT_OK;
 }
 
 extern "C" tt_status tt_cuda_sumsq(int dtype, int64_t n, const void *x, double *out) {
-  if (!tt_reduce_dtype_ok(dtype))
-    return tt_error_set(TT_ERR_DTYPE, "cuda sumsq: dtype %d not supported (f32, f64, bf16, f16)", dtype);
-  if (n <= 0) {
-    *out = 0.0;
-    return TT_OK;
-  }
-  TT_FLOAT_DISPATCH(dtype, tt_sumsq_launch, n, x, out)
-  return TT_ERR_DTYPE;
+  return tt_cuda_sumsq_many(1, &dtype, &n, &x, out);
 }

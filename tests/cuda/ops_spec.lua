@@ -214,6 +214,35 @@ describe("cuda ops: reductions", function()
     local rel = math.abs(got[0] - want[0]) / want[0]
     assert(rel < 1e-6, ("global_norm: %.17g vs CPU %.17g (rel %.3g)"):format(got[0], want[0], rel))
   end))
+
+  -- 300 tensors (empty, strided and CPU ones among them): one read-back per
+  -- device, the result of the one-tensor calls added in order, the same bits
+  -- on every call.
+  it("global norm over many tensors on two devices, in one read-back per device", H.scoped(function()
+    local list, n = {}, 300
+    for i = 1, n do
+      local t
+      if i % 50 == 0 then t = H.randn({ 0 }, i, "float32")
+      elseif i % 7 == 0 then t = H.randn({ 64, 9 }, i, "float32"):to(H.DEV):transpose(1, 2) -- strided
+      elseif i % 11 == 0 then t = H.randn({ 37 }, i, "float32") -- stays on the CPU
+      else t = H.randn({ 1 + (i * 97) % 5000 }, i, i % 3 == 0 and "bfloat16" or "float32"):to(H.DEV) end
+      list[i] = t
+    end
+    local arr = ffi.new("tt_tensor*[?]", n)
+    for i, t in ipairs(list) do arr[i - 1] = t._c end
+    local one, all, again = ffi.new("double[1]"), ffi.new("double[1]"), ffi.new("double[1]")
+    local total = 0
+    for i = 1, n do
+      ok(C.tt_op_global_norm(1, arr + (i - 1), one), "global_norm of tensor " .. i)
+      total = total + one[0] * one[0]
+    end
+    ok(C.tt_op_global_norm(n, arr, all), "global_norm of the list")
+    ok(C.tt_op_global_norm(n, arr, again), "global_norm of the list, again")
+    assert.are.equal(all[0], again[0])
+    local rel = math.abs(all[0] - math.sqrt(total)) / math.sqrt(total)
+    assert(rel < 1e-12, ("global_norm of the list %.17g vs the one-tensor calls %.17g (rel %.3g)"):format(all[0],
+      math.sqrt(total), rel))
+  end))
 end)
 
 describe("cuda ops: matmul", function()
