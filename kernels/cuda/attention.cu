@@ -691,6 +691,20 @@ static int att_dev_ready(att_dev *dv, int device, char *why, size_t n) {
   return dv->state == ATT_READY;
 }
 
+/* Before a graph capture (graph.cu): the cuDNN handle is made now, since
+ * creating it during the capture would fail and be remembered as "cuDNN
+ * unavailable" for the rest of the process. */
+extern "C" tt_status tt_cuda_attention_prepare(int device) {
+  if (device < 0 || device >= TT_CUDA_MAX_DEVICES)
+    return tt_error_set(TT_ERR_DEVICE, "cuda attention: device %d beyond the %d supported", device,
+                        TT_CUDA_MAX_DEVICES);
+  att_dev *dv = &att_devs[device];
+  std::lock_guard<std::mutex> guard(dv->lock);
+  char why[ATT_REASON];
+  (void)att_dev_ready(dv, device, why, sizeof why); /* unavailable is no error: the fallback serves */
+  return TT_OK;
+}
+
 /* What cuDNN 9's SDPA engines take (cudnn-frontend's support surface for
  * its composite node), checked before a graph is built. 0 + why if not. */
 static int att_cudnn_takes(const att_dev *dv, const att_key *k, char *why, size_t n) {
@@ -792,14 +806,19 @@ static tt_status att_cudnn_run(int device, cudaStream_t stream, const att_key *k
   for (int i = 0; i < ATT_CACHE && !p; i++)
     if (dv->plans[i].state != ATT_EMPTY && memcmp(&dv->plans[i].key, key, sizeof *key) == 0) p = &dv->plans[i];
   if (!p) {
+    /* Building a plan allocates and evicting one frees kernels a captured
+     * graph may replay: neither during a capture. Not cached, so the next
+     * eager call builds it (the trainer's warm-up step does). */
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    TT_CUDA_CHECK(cudaStreamIsCapturing(stream, &cap));
+    if (cap != cudaStreamCaptureStatusNone) {
+      snprintf(why, n, "no cuDNN plan for this shape was built before the CUDA-graph capture");
+      return TT_OK;
+    }
     p = &dv->plans[dv->next];
     dv->next = (dv->next + 1) % ATT_CACHE;
-    if (p->state == ATT_READY) {
-      /* Work queued with the evicted plan may still run (its kernels live in the plan). */
-      cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-      TT_CUDA_CHECK(cudaStreamIsCapturing(stream, &cap));
-      if (cap == cudaStreamCaptureStatusNone) TT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    }
+    /* Work queued with the evicted plan may still run (its kernels live in the plan). */
+    if (p->state == ATT_READY) TT_CUDA_CHECK(cudaStreamSynchronize(stream));
     att_plan_release(p);
     if (!att_cudnn_takes(dv, key, p->reason, sizeof p->reason)) {
       p->key = *key;

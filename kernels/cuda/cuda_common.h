@@ -30,6 +30,11 @@ const char *tt_cuda_info_impl(void);
 void *tt_cuda_stream(int device);
 void *tt_cuda_comm_stream(int device);
 
+/* Make what the first GEMM / attention call of a device would otherwise
+ * make lazily (handles, workspaces): graph.cu calls them before a capture. */
+tt_status tt_cuda_gemm_prepare(int device);
+tt_status tt_cuda_attention_prepare(int device);
+
 /* graph.cu: stream capture and replay. */
 tt_status tt_cuda_graph_begin(int device);
 tt_status tt_cuda_graph_end(int device, void **graph, int64_t *nodes);

@@ -62,6 +62,7 @@ struct tt_gemm_key {
 
 struct tt_gemm_plan {
   int used;
+  int no_algo; /* a bias key cuBLASLt has no epilogue algorithm for: the bias is added apart */
   tt_gemm_key key;
   cublasLtMatmulDesc_t op;
   cublasLtMatrixLayout_t la, lb, lc; /* of cuBLASLt's A (our B), B (our A), C */
@@ -184,6 +185,29 @@ __global__ void tt_gemm_scale_c(int dtype, int64_t batch, int64_t m, int64_t n, 
   }
 }
 
+/* The device's handle and workspace, made on first use (g->lock held). */
+static tt_status tt_gemm_dev_init(tt_gemm_dev *g) {
+  if (g->ready) return TT_OK;
+  TT_LT_CHECK(cublasLtCreate(&g->lt));
+  cudaError_t err = cudaMalloc(&g->workspace, TT_GEMM_WORKSPACE);
+  if (err != cudaSuccess) {
+    cublasLtDestroy(g->lt);
+    g->workspace = NULL;
+    return tt_cuda_fail(err, "cudaMalloc(gemm workspace)", __FILE__, __LINE__);
+  }
+  g->ready = 1;
+  return TT_OK;
+}
+
+/* Before a graph capture, which must not allocate (graph.cu). */
+extern "C" tt_status tt_cuda_gemm_prepare(int device) {
+  if (device < 0 || device >= TT_CUDA_MAX_DEVICES)
+    return tt_error_set(TT_ERR_DEVICE, "cuda gemm: device %d beyond the %d supported", device, TT_CUDA_MAX_DEVICES);
+  tt_gemm_dev *g = &tt_gemm_devs[device];
+  std::lock_guard<std::mutex> guard(g->lock);
+  return tt_gemm_dev_init(g);
+}
+
 extern "C" tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t batch, int64_t m, int64_t n, int64_t k,
                                   double alpha, const void *a, int64_t lda, int64_t stride_a, const void *b,
                                   int64_t ldb, int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c,
@@ -225,61 +249,71 @@ extern "C" tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t b
 
   tt_gemm_dev *g = &tt_gemm_devs[device];
   std::lock_guard<std::mutex> guard(g->lock);
-  if (!g->ready) {
-    TT_LT_CHECK(cublasLtCreate(&g->lt));
-    cudaError_t err = cudaMalloc(&g->workspace, TT_GEMM_WORKSPACE);
-    if (err != cudaSuccess) {
-      cublasLtDestroy(g->lt);
-      g->workspace = NULL;
-      return tt_cuda_fail(err, "cudaMalloc(gemm workspace)", __FILE__, __LINE__);
+  if ((st = tt_gemm_dev_init(g)) != TT_OK) return st;
+
+  /* The bias rides in the epilogue; where cuBLASLt has no algorithm with
+   * it (f64, or odd alignments), the plain GEMM runs and a small kernel adds
+   * the bias after it (the shape's refusal is cached like a plan). */
+  const void *epi_bias = bias;
+  for (int attempt = 0; attempt < 2; attempt++) {
+    tt_gemm_key key;
+    memset(&key, 0, sizeof key); /* keys compare with memcmp */
+    key.dtype = dtype;
+    key.trans_a = trans_a != 0;
+    key.trans_b = trans_b != 0;
+    key.align_a = tt_gemm_align(a, batch, stride_a, es);
+    key.align_b = tt_gemm_align(b, batch, stride_b, es);
+    key.align_c = tt_gemm_align(c, batch, stride_c, es);
+    key.bias_dtype = epi_bias ? bias_dtype : -1;
+    key.align_bias = epi_bias ? tt_gemm_align(epi_bias, 1, 0, 4) : 0;
+    key.tf32 = ct == CUBLAS_COMPUTE_32F_FAST_TF32;
+    key.batch = batch;
+    key.m = m;
+    key.n = n;
+    key.k = k;
+    key.lda = lda;
+    key.ldb = ldb;
+    key.ldc = ldc;
+    if (batch > 1) {
+      key.stride_a = stride_a;
+      key.stride_b = stride_b;
+      key.stride_c = stride_c;
     }
-    g->ready = 1;
-  }
 
-  tt_gemm_key key;
-  memset(&key, 0, sizeof key); /* keys compare with memcmp */
-  key.dtype = dtype;
-  key.trans_a = trans_a != 0;
-  key.trans_b = trans_b != 0;
-  key.align_a = tt_gemm_align(a, batch, stride_a, es);
-  key.align_b = tt_gemm_align(b, batch, stride_b, es);
-  key.align_c = tt_gemm_align(c, batch, stride_c, es);
-  key.bias_dtype = bias ? bias_dtype : -1;
-  key.align_bias = bias ? tt_gemm_align(bias, 1, 0, 4) : 0;
-  key.tf32 = ct == CUBLAS_COMPUTE_32F_FAST_TF32;
-  key.batch = batch;
-  key.m = m;
-  key.n = n;
-  key.k = k;
-  key.lda = lda;
-  key.ldb = ldb;
-  key.ldc = ldc;
-  if (batch > 1) {
-    key.stride_a = stride_a;
-    key.stride_b = stride_b;
-    key.stride_c = stride_c;
-  }
-
-  tt_gemm_plan *p = NULL;
-  for (int i = 0; i < TT_GEMM_CACHE && !p; i++)
-    if (g->plans[i].used && memcmp(&g->plans[i].key, &key, sizeof key) == 0) p = &g->plans[i];
-  if (!p) {
-    p = &g->plans[g->next];
-    g->next = (g->next + 1) % TT_GEMM_CACHE;
-    tt_gemm_plan_release(p);
-    st = tt_gemm_plan_build(g, p, &key, t, ct, scale, bias);
-    if (st != TT_OK) {
+    tt_gemm_plan *p = NULL;
+    for (int i = 0; i < TT_GEMM_CACHE && !p; i++)
+      if (g->plans[i].used && memcmp(&g->plans[i].key, &key, sizeof key) == 0) p = &g->plans[i];
+    if (!p) {
+      p = &g->plans[g->next];
+      g->next = (g->next + 1) % TT_GEMM_CACHE;
       tt_gemm_plan_release(p);
+      st = tt_gemm_plan_build(g, p, &key, t, ct, scale, epi_bias);
+      if (st != TT_OK) {
+        tt_gemm_plan_release(p);
+        if (!epi_bias) return st;
+        p->used = 1;
+        p->no_algo = 1;
+        p->key = key;
+      }
+    } else if (epi_bias && !p->no_algo && (st = tt_gemm_set_bias(p->op, epi_bias)) != TT_OK) {
       return st;
     }
-  } else if (bias && (st = tt_gemm_set_bias(p->op, bias)) != TT_OK) {
-    return st;
-  }
+    if (p->no_algo) {
+      epi_bias = NULL;
+      continue;
+    }
 
-  float alpha_f = (float)alpha, beta_f = (float)beta;
-  const void *pa = dtype == TT_F64 ? (const void *)&alpha : (const void *)&alpha_f;
-  const void *pb = dtype == TT_F64 ? (const void *)&beta : (const void *)&beta_f;
-  TT_LT_CHECK(cublasLtMatmul(g->lt, p->op, pa, b, p->la, a, p->lb, pb, c, p->lc, c, p->lc, &p->algo, g->workspace,
-                             TT_GEMM_WORKSPACE, s));
+    float alpha_f = (float)alpha, beta_f = (float)beta;
+    const void *pa = dtype == TT_F64 ? (const void *)&alpha : (const void *)&alpha_f;
+    const void *pb = dtype == TT_F64 ? (const void *)&beta : (const void *)&beta_f;
+    TT_LT_CHECK(cublasLtMatmul(g->lt, p->op, pa, b, p->la, a, p->lb, pb, c, p->lc, c, p->lc, &p->algo, g->workspace,
+                               TT_GEMM_WORKSPACE, s));
+    break;
+  }
+  if (bias && !epi_bias) {
+    tt_gemm_scale_c<<<tt_cuda_blocks(batch * m * n), TT_CUDA_THREADS, 0, s>>>(dtype, batch, m, n, ldc, stride_c, 1.0,
+                                                                              c, bias, bias_dtype);
+    TT_CUDA_CHECK_LAUNCH("tt_gemm_scale_c (bias)");
+  }
   return TT_OK;
 }

@@ -12,9 +12,25 @@
 
 #include "cuda_common.h"
 
+/* The device's one-time setup (the kernel workspace, cuBLASLt's handle and
+ * workspace, cuDNN's handle), which the first kernel of each kind makes
+ * lazily, is made before the capture: allocating during it is refused. */
+static tt_status tt_cuda_graph_prepare(int device) {
+  void *ws;
+  std::unique_lock<std::mutex> hold;
+  tt_status st = tt_cuda_workspace(device, &ws, &hold);
+  if (st == TT_OK) {
+    hold.unlock();
+    st = tt_cuda_gemm_prepare(device);
+  }
+  if (st == TT_OK) st = tt_cuda_attention_prepare(device);
+  return st;
+}
+
 extern "C" tt_status tt_cuda_graph_begin(int device) {
   cudaStream_t s;
   tt_status st = tt_cuda_select(device, &s);
+  if (st == TT_OK) st = tt_cuda_graph_prepare(device);
   if (st != TT_OK) return st;
   TT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   return TT_OK;

@@ -225,7 +225,9 @@ static inline unsigned int tt_cuda_group_blocks(int64_t tasks, int G) {
 
 /* An index outside [0, bound) at flat `position`: the first one since the
  * host last checked claims the device's record and later ones leave it as
- * is (the first fault wins, as the first error of a serial loop would).
+ * is. Among the bad indices of one kernel, which thread wins depends on
+ * timing, so with several the reported one need not be the lowest position
+ * (the CPU's up-front check reports the lowest).
  * The plain read first keeps a flood of bad indices from queueing on the
  * atomic. The host reads the record only after the kernel finished. */
 static __device__ __forceinline__ void tt_d_index_fault(tt_index_fault *f, int op, int64_t index, int64_t position,

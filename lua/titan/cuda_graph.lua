@@ -141,10 +141,14 @@ function Graph:free()
   if self.outputs then free_outputs(self.outputs) end
   self.outputs = nil
   if not self.emulated then
-    C.tt_device_synchronize(tensor.device_of(self.device))
+    -- The wait also reports an index error the last replays met: raised
+    -- once everything is released.
+    local st = C.tt_device_synchronize(tensor.device_of(self.device))
+    local why = st ~= 0 and last_error() or nil
     C.tt_graph_free(self._g)
     C.tt_mempool_free(self._pool)
     self._g, self._pool = nil, nil
+    if why then error(why, 2) end
   end
 end
 
