@@ -317,6 +317,17 @@ static void tt_mempool_put_locked(tt_pool *pool, tt_mempool *mp, const tt_kernel
   mp->stats.allocated -= (int64_t)rounded;
   if (!mp->closing && cls >= 0 && tt_cache_put(&mp->cache, cls, ptr)) return;
   tt_owned_remove(mp, ptr);
+  tt_mempool *active = tt_active_mempool;
+  if (active && active != mp && tt_same_device(active->dev, mp->dev) && cls >= 0 && tt_owned_add(active, ptr)) {
+    /* Freed while another pool captures: releasing it would synchronize
+     * (refused during a capture), and the captured kernels may have used
+     * it; the capturing pool adopts it. */
+    mp->stats.reserved -= (int64_t)rounded;
+    active->stats.reserved += (int64_t)rounded;
+    if (!tt_cache_put(&active->cache, cls, ptr)) tt_owned_remove(active, ptr); /* leaked rather than freed mid-capture */
+    if (mp->closing && mp->count == 0) tt_mempool_destroy_locked(pool, mp);
+    return;
+  }
   be->mem_free(mp->dev.index, ptr);
   mp->stats.reserved -= (int64_t)rounded;
   pool->stats.reserved -= (int64_t)rounded;

@@ -123,6 +123,29 @@ static void test_many_blocks(void) {
   tt_tensor_release(x);
 }
 
+/* A closing pool's block freed while another pool is active is adopted by
+ * that one (releasing it would synchronize, which a capture forbids). */
+static void test_closing_block_adopted(void) {
+  tt_mempool *a = NULL, *b = NULL;
+  CHECK(tt_mempool_new(CPU, &a) == TT_OK && tt_mempool_new(CPU, &b) == TT_OK, "two pools");
+  CHECK(tt_mempool_begin(a) == TT_OK, "begin a");
+  tt_tensor *x = vec(1000);
+  tt_mempool_end(a);
+  tt_mempool_free(a); /* closing: x still alive */
+  tt_mem_stats d0 = dev_stats();
+  CHECK(tt_mempool_begin(b) == TT_OK, "begin b");
+  tt_tensor_release(x);
+  tt_mem_stats pb = pool_stats(b), d1 = dev_stats();
+  CHECK(pb.reserved == 4096, "b adopted the closing pool's block (reserved %lld)", (long long)pb.reserved);
+  CHECK(d1.reserved == d0.reserved, "nothing went back to the system during b's activity");
+  tt_tensor *y = vec(1000);
+  CHECK(pool_stats(b).num_cache_hits == 1, "b reuses the adopted block");
+  tt_mempool_end(b);
+  tt_tensor_release(y);
+  tt_mempool_free(b);
+  CHECK(dev_stats().reserved == d0.reserved - 4096, "freeing b releases it");
+}
+
 static void test_capture_on_cpu(void) {
   tt_mempool *mp = NULL;
   CHECK(tt_mempool_new(CPU, &mp) == TT_OK, "new");
@@ -143,6 +166,7 @@ static void test_capture_on_cpu(void) {
 int main(void) {
   test_routing();
   test_many_blocks();
+  test_closing_block_adopted();
   test_capture_on_cpu();
   return tt_test_summary("mempool");
 }
