@@ -329,6 +329,44 @@ local function adamw_bench(n, pdt, gdt, master)
   end)
 end
 
+-- The whole optimizer step of a model's parameter list (the shapes of
+-- `flavor`, f32): one tt_op_adamw launch per tensor against tt_op_adamw_multi
+-- (up to 32 tensors per launch), the same bits. For a small model the
+-- launches, not the bytes, are the cost.
+local function adamw_model_bench(flavor)
+  local label = ("adamw step, %s parameters"):format(flavor)
+  guarded("memory", label, ON_GPU and 8 or 0, function()
+    local model = llama3.build(flavor, { device = "meta" })
+    local ps, entries, bytes = {}, {}, 0
+    for i, np in ipairs(model:named_parameters()) do
+      local shape = np[2]:shape()
+      local n = 1
+      for _, d in ipairs(shape) do n = n * d end
+      local e = { rand_dev({ n }, "float32", i, 0.02), rand_dev({ n }, "float32", 1000 + i, 0.001),
+        titan.zeros({ n }, { device = DEV }), titan.zeros({ n }, { device = DEV }), nil, 1 }
+      ps[i], entries[i] = e, e
+      bytes = bytes + n * 28 -- read p, g, m, v; write p, m, v
+    end
+    local step = 0
+    local single = function()
+      step = step + 1
+      for _, e in ipairs(ps) do
+        check(C.tt_op_adamw(e[1]._c, e[2]._c, e[3]._c, e[4]._c, nil, 1e-4, 0.9, 0.95, 1e-8, 0.1, step), "adamw")
+      end
+    end
+    local multi = function()
+      step = step + 1
+      for _, e in ipairs(entries) do e[6] = step end
+      titan.ops.adamw_multi_(entries, { lr = 1e-4, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 })
+    end
+    for _, case in ipairs({ { "per tensor", single }, { "multi-tensor", multi } }) do
+      local t = time_it(case[2], reps_for(case[2], 0.05), 5, 2)
+      mem_row({ kernel = ("%s (%d tensors, %s)"):format(label, #ps, case[1]), dtype = "float32", shape = tostring(bytes / 28),
+        ms = t * 1e3, gbps = bytes / t / 1e9 })
+    end
+  end)
+end
+
 -- ---- training ----------------------------------------------------------------------------------
 local train_rows = {}
 
@@ -448,12 +486,15 @@ if S then
   copy_bench(65536, "float32")
   rmsnorm_bench(64, 128, BF)
   adamw_bench(65536, "float32", "float32", false)
+  adamw_model_bench("debugmodel")
 else
   copy_bench(268435456, "float32")
   rmsnorm_bench(32768, 4096, "bfloat16")
   rmsnorm_bench(16384, 4096, "float32")
   adamw_bench(268435456, "float32", "float32", false)
   adamw_bench(268435456, "bfloat16", "bfloat16", true)
+  adamw_model_bench("debugmodel")
+  adamw_model_bench("1B")
 end
 if S then
   train_bench("tiny", { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 256, multiple_of = 32,
