@@ -18,7 +18,10 @@
 --     tensor) or synchronize: capture then fails, capture() returns nil and
 --     the reason, and the device is as it was;
 --   * host numbers fn uses (shapes, scalars, a learning rate) are frozen
---     into the graph.
+--     into the graph;
+--   * run fn once eagerly before capturing it (as PyTorch asks too): first
+--     launches load kernels and make library plans (a cuDNN attention plan
+--     is never made during a capture: the fallback kernel is recorded).
 -- Every tensor fn allocates comes from the graph's private memory pool and
 -- stays the graph's until g:free().
 --
