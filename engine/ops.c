@@ -5,6 +5,7 @@
  * get their outputs (shapes only) and no kernel runs. The neural-network
  * primitives are in ops_nn.c.
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "ops_common.h"
@@ -134,6 +135,48 @@ tt_status tt_op_axpy(tt_tensor *y, double alpha, const tt_tensor *x) {
   tt_status st = tt_kernel_check(be->axpy(y->dtype, tt_tensor_numel(y), alpha, tt_tensor_data(xc), tt_tensor_data(y)), "axpy", be, y->dtype);
   tt_tensor_release(xc);
   return st;
+}
+
+/* Runs of up to TT_FOREACH_MAX tensors of one dtype go to the backend's
+ * foreach_scale; without it, each tensor is scaled (tt_op_unary in place)
+ * or filled on its own. Every tensor is checked before any is written. */
+static tt_status tt_foreach(const char *op, int n, tt_tensor *const *ts, double alpha, int set) {
+  char what[48];
+  if (n < 0) return tt_error_set(TT_ERR_INVALID, "%s: n = %d tensors", op, n);
+  for (int i = 0; i < n; i++) {
+    snprintf(what, sizeof what, "%s: tensor %d", op, i);
+    if (!ts[i]) return tt_error_set(TT_ERR_INVALID, "%s is NULL", what);
+    TT_TRY(tt_chk_float(what, "x", ts[i]));
+    TT_TRY(tt_chk_contig(what, "x", ts[i]));
+    TT_TRY(tt_chk_same_device(what, "x", ts[i], "the first tensor", ts[0]));
+  }
+  if (n == 0 || ts[0]->device.type == TT_META) return TT_OK;
+  const tt_kernels *be = tt_backend(ts[0]->device);
+  if (!be) return tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented on this device", op);
+  void *xs[TT_FOREACH_MAX];
+  int64_t ns[TT_FOREACH_MAX];
+  for (int i = 0; i < n;) {
+    int dt = ts[i]->dtype, k = 0;
+    if (!be->foreach_scale) {
+      tt_tensor *t = ts[i++];
+      TT_TRY(set ? tt_tensor_fill(t, alpha) : tt_op_unary(TT_SCALE, t, alpha, &t));
+      continue;
+    }
+    while (i < n && k < TT_FOREACH_MAX && ts[i]->dtype == dt) {
+      xs[k] = tt_tensor_data(ts[i]);
+      ns[k++] = tt_tensor_numel(ts[i++]);
+    }
+    TT_TRY(tt_kernel_check(be->foreach_scale(dt, k, xs, ns, alpha, set), op, be, dt));
+  }
+  return TT_OK;
+}
+
+tt_status tt_op_scale_multi(int n, tt_tensor *const *ts, double alpha) {
+  return tt_foreach("scale_multi", n, ts, alpha, 0);
+}
+
+tt_status tt_op_fill_multi(int n, tt_tensor *const *ts, double value) {
+  return tt_foreach("fill_multi", n, ts, value, 1);
 }
 
 tt_status tt_op_sum_to(const tt_tensor *a, int ndim, const int64_t *shape, tt_tensor **out) {

@@ -41,6 +41,9 @@ typedef struct tt_index_fault {
   int64_t index, position, bound;
 } tt_index_fault;
 
+/* Tensors per call of the foreach entries. */
+#define TT_FOREACH_MAX 64
+
 /* One tensor of a multi-tensor AdamW step (adamw_multi). */
 #define TT_ADAMW_MULTI_MAX 32
 typedef struct tt_adamw_tensor {
@@ -114,6 +117,10 @@ typedef struct tt_kernels {
                               const void *dy, void *dx);
   /* y += alpha * x, contiguous. */
   tt_status (*axpy)(int dtype, int64_t n, double alpha, const void *x, void *y);
+  /* k <= TT_FOREACH_MAX contiguous tensors of one dtype in one go: x *= alpha
+   * (the bits of unary TT_SCALE), or x = alpha when set. NULL: the engine
+   * calls unary / fill per tensor. */
+  tt_status (*foreach_scale)(int dtype, int k, void *const *xs, const int64_t *ns, double alpha, int set);
 
   /* -- reductions over the middle dim of a contiguous [outer, n, inner] -- */
   /* y: [outer, inner]; idx (i64, TT_RMAX only) may be NULL. */

@@ -267,6 +267,7 @@ static tt_kernels tt_cuda_table_make(void) {
   k.unary = tt_cuda_unary;
   k.unary_backward = tt_cuda_unary_backward;
   k.axpy = tt_cuda_axpy;
+  k.foreach_scale = tt_cuda_foreach_scale;
   k.reduce = tt_cuda_reduce;
   k.sum_to = tt_cuda_sum_to;
   k.softmax = tt_cuda_softmax;

@@ -68,6 +68,7 @@ tt_status tt_cuda_unary(int op, int dtype, int64_t n, double alpha, const void *
 tt_status tt_cuda_unary_backward(int op, int dtype, int64_t n, double alpha, const void *x, const void *y,
                                  const void *dy, void *dx);
 tt_status tt_cuda_axpy(int dtype, int64_t n, double alpha, const void *x, void *y);
+tt_status tt_cuda_foreach_scale(int dtype, int k, void *const *xs, const int64_t *ns, double alpha, int set);
 /* reduce.cu */
 tt_status tt_cuda_reduce(int op, int dtype, int64_t outer, int64_t n, int64_t inner, const void *x, void *y,
                          int64_t *idx);

@@ -321,3 +321,74 @@ extern "C" tt_status tt_cuda_unary_backward(int op, int dtype, int64_t n, double
 extern "C" tt_status tt_cuda_axpy(int dtype, int64_t n, double alpha, const void *x, void *y) {
   return tt_flat("axpy", 2, 0, dtype, n, alpha, x, NULL, y);
 }
+
+/* ---- foreach: scale or fill many tensors per launch ------------------------ */
+
+/* As tt_adam_mt_args (optim.cu): tensor i owns blocks [first_block[i],
+ * first_block[i + 1]); the per-element arithmetic is the unary kernel's
+ * TT_SCALE (alpha in the compute type), so the bits are the same. */
+struct tt_foreach_args {
+  int count;
+  unsigned int first_block[TT_FOREACH_MAX + 1];
+  void *x[TT_FOREACH_MAX];
+  int64_t n[TT_FOREACH_MAX];
+};
+
+template <int DT>
+__global__ void tt_foreach_scale_kernel(typename tt_ft<DT>::C alpha, int set, const __grid_constant__ tt_foreach_args a) {
+  typedef typename tt_ft<DT>::C C;
+  typedef typename tt_ft<DT>::S S;
+  constexpr int V = 16 / sizeof(S);
+  int i = 0;
+  while (i + 1 < a.count && a.first_block[i + 1] <= blockIdx.x) i++;
+  S *x = (S *)a.x[i];
+  const int64_t n = a.n[i], nch = (n + V - 1) / V;
+  const int64_t stride = (int64_t)(a.first_block[i + 1] - a.first_block[i]) * blockDim.x;
+  const bool vec = tt_al16(x);
+  for (int64_t c = (int64_t)(blockIdx.x - a.first_block[i]) * blockDim.x + threadIdx.x; c < nch; c += stride) {
+    int64_t e = c * V, cnt = n - e < V ? n - e : V;
+    C v[V];
+    if (set) {
+#pragma unroll
+      for (int k = 0; k < V; k++) v[k] = alpha;
+    } else {
+      tt_ld_chunk<DT>(x, e, cnt, vec, v);
+#pragma unroll
+      for (int k = 0; k < V; k++) v[k] = tt_unary_apply<C>(TT_SCALE, v[k], alpha);
+    }
+    tt_st_chunk<DT>(x, e, cnt, vec, v);
+  }
+}
+
+template <int DT>
+static tt_status tt_foreach_launch(int k, void *const *xs, const int64_t *ns, double alpha, int set) {
+  typedef typename tt_ft<DT>::C C;
+  int device;
+  cudaStream_t s;
+  tt_status st = tt_cuda_current(&device, &s);
+  if (st != TT_OK) return st;
+  constexpr int V = 16 / sizeof(typename tt_ft<DT>::S);
+  tt_foreach_args a;
+  memset(&a, 0, sizeof a);
+  unsigned int grid = 0;
+  for (int i = 0; i < k; i++) {
+    if (ns[i] <= 0) continue;
+    a.x[a.count] = xs[i];
+    a.n[a.count] = ns[i];
+    a.first_block[a.count++] = grid;
+    grid += tt_cuda_blocks((ns[i] + V - 1) / V);
+  }
+  if (a.count == 0) return TT_OK;
+  a.first_block[a.count] = grid;
+  tt_foreach_scale_kernel<DT><<<grid, TT_CUDA_THREADS, 0, s>>>((C)alpha, set, a);
+  TT_CUDA_CHECK_LAUNCH("tt_foreach_scale_kernel");
+  return TT_OK;
+}
+
+extern "C" tt_status tt_cuda_foreach_scale(int dtype, int k, void *const *xs, const int64_t *ns, double alpha,
+                                           int set) {
+  if (k < 0 || k > TT_FOREACH_MAX)
+    return tt_error_set(TT_ERR_INVALID, "cuda foreach_scale: %d tensors (at most %d per call)", k, TT_FOREACH_MAX);
+  TT_FLOAT_DISPATCH(dtype, tt_foreach_launch, k, xs, ns, alpha, set)
+  return tt_error_set(TT_ERR_DTYPE, "cuda foreach_scale: dtype %d not supported (f32, f64, bf16, f16)", dtype);
+}

@@ -649,13 +649,20 @@ function M.adamw_multi_(entries, hp)
   check(C.tt_op_adamw_multi(n, P, G, Mm, V, W, hp.lr, b[1], b[2], hp.eps or 1e-8, hp.weight_decay or 0, steps), 2)
 end
 
+-- In place over a list of contiguous tensors in few launches (see
+-- tt_op_scale_multi): every x *= alpha, or every x = value.
+local function tensor_array(ts)
+  local arr = ffi.new("tt_tensor*[?]", math.max(#ts, 1))
+  for i = 1, #ts do arr[i - 1] = cptr(ts[i]) end
+  return arr
+end
+function M.scale_multi_(ts, alpha) check(C.tt_op_scale_multi(#ts, tensor_array(ts), alpha), 2) end
+function M.fill_multi_(ts, value) check(C.tt_op_fill_multi(#ts, tensor_array(ts), value), 2) end
+
 -- L2 norm over a list of tensors, accumulated in f64 in list order.
 local norm_out = ffi.new("double[1]")
 function M.global_norm(ts)
-  local n = #ts
-  local arr = ffi.new("tt_tensor*[?]", math.max(n, 1))
-  for i = 1, n do arr[i - 1] = cptr(ts[i]) end
-  check(C.tt_op_global_norm(n, arr, norm_out), 2)
+  check(C.tt_op_global_norm(#ts, tensor_array(ts), norm_out), 2)
   return norm_out[0]
 end
 

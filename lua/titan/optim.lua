@@ -96,6 +96,7 @@ end
 -- false zeroes them in place (a CUDA graph keeps accumulating into them).
 function AdamW:zero_grad(opts)
   local to_none = not opts or opts.set_to_none ~= false
+  local grads = {}
   for _, e in ipairs(self.params) do
     local p = e.param
     if p.grad then
@@ -103,10 +104,11 @@ function AdamW:zero_grad(opts)
         p.grad:free()
         p.grad = nil
       else
-        p.grad:zero_()
+        grads[#grads + 1] = p.grad
       end
     end
   end
+  if #grads > 0 then ops.fill_multi_(grads, 0) end
 end
 
 -- State for checkpoints: {step_count, lr_factor, per-name {step, exp_avg, exp_avg_sq, master}}.
@@ -139,8 +141,7 @@ function M.clip_grad_norm(params, max_norm)
   end
   local norm = ops.global_norm(grads)
   if max_norm and max_norm > 0 and norm > max_norm then
-    local coef = max_norm / (norm + 1e-6)
-    for _, g in ipairs(grads) do g:mul_(coef) end
+    ops.scale_multi_(grads, max_norm / (norm + 1e-6))
   end
   return norm
 end

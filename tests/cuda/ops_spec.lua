@@ -594,6 +594,27 @@ describe("cuda ops: adamw", function()
   it("f32 params, bf16 grads", adamw_case("float32", "bfloat16", false))
   it("bf16 params with an f32 master copy, bf16 grads", adamw_case("bfloat16", "bfloat16", true))
 
+  -- 150 gradients (three launches of up to 64), f32 and bf16, misaligned
+  -- views among them: the bits of mul_ / fill_ per tensor.
+  it("scale_multi and fill_multi equal mul_ and fill_ per tensor, bit for bit", H.scoped(function()
+    local one, many = {}, {}
+    for i = 1, 150 do
+      -- (bf16 only on the GPU: the CPU harness has no bf16 scale)
+      local n, dt = 1 + (i * 131) % 9000, H.ON_GPU and i % 4 == 0 and "bfloat16" or "float32"
+      local base = H.randn({ n + 1 }, 900 + i, dt):to(H.DEV)
+      one[i] = i % 5 == 0 and base:narrow(1, 2, n) or base:narrow(1, 1, n):contiguous()
+      many[i] = one[i]:clone()
+    end
+    for _, t in ipairs(one) do t:mul_(0.731) end
+    titan.ops.scale_multi_(many, 0.731)
+    for i = 1, #one do H.check_exact(many[i], one[i], "scale_multi tensor " .. i) end
+    titan.ops.fill_multi_(many, 0)
+    for i = 1, #one do
+      one[i]:fill_(0)
+      H.check_exact(many[i], one[i], "fill_multi tensor " .. i)
+    end
+  end))
+
   -- 45 tensors (two launches of up to 32), sizes from 1 to 70001, misaligned
   -- views among them (no vector access), bf16 + master and f32 mixed (one run
   -- per dtype pair), different step counts: the multi-tensor update gives

@@ -224,6 +224,25 @@ describe("optimizer primitives", function()
     assert.are.same(before, b[1].p:tolist())
   end)
 
+  it("scale_multi_ and fill_multi_ equal mul_ and fill_ per tensor; bad input names the tensor", function()
+    local a, b = {}, {}
+    for i = 1, 5 do
+      a[i] = titan.randn({ i * 7 }, { seed = i, offset = 0 })
+      b[i] = a[i]:clone()
+    end
+    titan.ops.scale_multi_(b, 0.37)
+    for i = 1, 5 do assert.are.same(a[i]:mul_(0.37):tolist(), b[i]:tolist()) end
+    titan.ops.fill_multi_(b, 0)
+    for i = 1, 5 do assert.are.same(titan.zeros({ i * 7 }):tolist(), b[i]:tolist()) end
+    local ok, err = pcall(titan.ops.scale_multi_, { b[1], titan.ones(4, 4):transpose(1, 2) }, 2)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("scale_multi: tensor 1", 1, true), err)
+    ok, err = pcall(titan.ops.fill_multi_, { b[1], titan.zeros({ 3 }, { dtype = "int64" }) }, 1)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("fill_multi: tensor 1", 1, true), err)
+    assert.are.same(titan.zeros({ 7 }):tolist(), b[1]:tolist()) -- nothing written before the check failed
+  end)
+
   it("adamw_ with f32 master weights for a bf16 parameter", function()
     local master = titan.tensor({ 1.001, -2.003 })
     local p = master:to("bfloat16")
