@@ -225,8 +225,8 @@ tt_status tt_op_unary_backward(int op, const tt_tensor *x, const tt_tensor *y, c
                                double alpha, tt_tensor **dx);
 /* y += alpha * x (same shape): gradient accumulation. */
 tt_status tt_op_axpy(tt_tensor *y, double alpha, const tt_tensor *x);
-/* In place over n contiguous float tensors on one device, in few launches
- * on a GPU (up to 64 tensors of one dtype each): x *= alpha (the bits of
+/* In place over n contiguous float tensors, in few launches on a GPU (up to
+ * 64 consecutive tensors of one dtype and device each): x *= alpha (the bits of
  * tt_op_unary TT_SCALE: gradient clipping), or x = value (zeroing
  * gradients). Every tensor is checked before any is written. */
 tt_status tt_op_scale_multi(int n, tt_tensor *const *ts, double alpha);

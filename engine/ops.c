@@ -137,7 +137,7 @@ tt_status tt_op_axpy(tt_tensor *y, double alpha, const tt_tensor *x) {
   return st;
 }
 
-/* Runs of up to TT_FOREACH_MAX tensors of one dtype go to the backend's
+/* Runs of up to TT_FOREACH_MAX tensors of one dtype and device go to the backend's
  * foreach_scale; without it, each tensor is scaled (tt_op_unary in place)
  * or filled on its own. Every tensor is checked before any is written. */
 static tt_status tt_foreach(const char *op, int n, tt_tensor *const *ts, double alpha, int set) {
@@ -148,21 +148,26 @@ static tt_status tt_foreach(const char *op, int n, tt_tensor *const *ts, double 
     if (!ts[i]) return tt_error_set(TT_ERR_INVALID, "%s is NULL", what);
     TT_TRY(tt_chk_float(what, "x", ts[i]));
     TT_TRY(tt_chk_contig(what, "x", ts[i]));
-    TT_TRY(tt_chk_same_device(what, "x", ts[i], "the first tensor", ts[0]));
+    if (ts[i]->device.type != TT_META && !tt_backend(ts[i]->device))
+      return tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented on this device", what);
   }
-  if (n == 0 || ts[0]->device.type == TT_META) return TT_OK;
-  const tt_kernels *be = tt_backend(ts[0]->device);
-  if (!be) return tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented on this device", op);
   void *xs[TT_FOREACH_MAX];
   int64_t ns[TT_FOREACH_MAX];
   for (int i = 0; i < n;) {
+    tt_device dev = ts[i]->device;
     int dt = ts[i]->dtype, k = 0;
+    if (dev.type == TT_META) {
+      i++;
+      continue;
+    }
+    const tt_kernels *be = tt_backend(dev);
     if (!be->foreach_scale) {
       tt_tensor *t = ts[i++];
       TT_TRY(set ? tt_tensor_fill(t, alpha) : tt_op_unary(TT_SCALE, t, alpha, &t));
       continue;
     }
-    while (i < n && k < TT_FOREACH_MAX && ts[i]->dtype == dt) {
+    /* a run: consecutive tensors of one dtype on one device */
+    while (i < n && k < TT_FOREACH_MAX && ts[i]->dtype == dt && tt_same_device(ts[i]->device, dev)) {
       xs[k] = tt_tensor_data(ts[i]);
       ns[k++] = tt_tensor_numel(ts[i++]);
     }

@@ -633,12 +633,16 @@ static void att_plan_build(att_dev *dv, att_plan *p, const att_key *key) {
 }
 
 /* Grows the device's workspace to `need` bytes. 0 when it cannot (why set). */
-static int att_workspace(att_dev *dv, cudaStream_t stream, int64_t need, char *why, size_t n) {
+static int att_workspace(att_dev *dv, int device, cudaStream_t stream, int64_t need, char *why, size_t n) {
   if ((size_t)need <= dv->ws_size) return 1;
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   cudaError_t err = cudaStreamIsCapturing(stream, &cap);
   if (err == cudaSuccess && cap != cudaStreamCaptureStatusNone) {
     snprintf(why, n, "the workspace must grow to %lld bytes during CUDA graph capture", (long long)need);
+    return 0;
+  }
+  if (tt_cuda_graphs_alive(device)) { /* the live graphs' nodes point at the current one */
+    snprintf(why, n, "the workspace must grow to %lld bytes while a CUDA graph uses it", (long long)need);
     return 0;
   }
   /* The old buffer may still be in use by work queued on this stream. */
@@ -816,6 +820,11 @@ static tt_status att_cudnn_run(int device, cudaStream_t stream, const att_key *k
       return TT_OK;
     }
     p = &dv->plans[dv->next];
+    if (p->state == ATT_READY && tt_cuda_graphs_alive(device)) {
+      /* A live graph may replay the kernels this plan owns. */
+      snprintf(why, n, "the cuDNN plan cache is full and a live CUDA graph may use its plans");
+      return TT_OK;
+    }
     dv->next = (dv->next + 1) % ATT_CACHE;
     /* Work queued with the evicted plan may still run (its kernels live in the plan). */
     if (p->state == ATT_READY) TT_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -831,7 +840,7 @@ static tt_status att_cudnn_run(int device, cudaStream_t stream, const att_key *k
     snprintf(why, n, "%s", p->reason);
     return TT_OK;
   }
-  if (!att_workspace(dv, stream, p->ws_bytes, why, n)) return TT_OK;
+  if (!att_workspace(dv, device, stream, p->ws_bytes, why, n)) return TT_OK;
   *unavailable = 0;
 
   char *ws = (char *)dv->ws;

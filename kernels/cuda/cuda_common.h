@@ -35,6 +35,9 @@ void *tt_cuda_comm_stream(int device);
 tt_status tt_cuda_gemm_prepare(int device);
 tt_status tt_cuda_attention_prepare(int device);
 
+/* graph.cu: stream capture and replay; how many executable graphs of the
+ * device are alive (their nodes may point at library workspaces). */
+int tt_cuda_graphs_alive(int device);
 /* graph.cu: stream capture and replay. */
 tt_status tt_cuda_graph_begin(int device);
 tt_status tt_cuda_graph_end(int device, void **graph, int64_t *nodes);

@@ -8,9 +8,18 @@
  * affected. The caching allocator's cudaMalloc during capture is made
  * legal by a relaxed-mode window around it (backend.cu).
  */
+#include <atomic>
 #include <stdio.h>
 
 #include "cuda_common.h"
+
+/* Executable graphs alive per device: while any is, library state its
+ * nodes point at (cuDNN's workspace and plans) must not be freed. */
+static std::atomic<int> tt_graphs_alive[TT_CUDA_MAX_DEVICES];
+
+extern "C" int tt_cuda_graphs_alive(int device) {
+  return device >= 0 && device < TT_CUDA_MAX_DEVICES ? tt_graphs_alive[device].load() : 0;
+}
 
 /* The device's one-time setup (the kernel workspace, cuBLASLt's handle and
  * workspace, cuDNN's handle), which the first kernel of each kind makes
@@ -60,6 +69,7 @@ extern "C" tt_status tt_cuda_graph_end(int device, void **graph, int64_t *nodes)
   if (err != cudaSuccess) return tt_cuda_fail(err, "cudaGraphInstantiate", __FILE__, __LINE__);
   *graph = (void *)exec;
   *nodes = (int64_t)n;
+  tt_graphs_alive[device]++;
   return TT_OK;
 }
 
@@ -76,4 +86,5 @@ extern "C" void tt_cuda_graph_free(int device, void *graph) {
   cudaError_t err = cudaSetDevice(device);
   if (err == cudaSuccess) err = cudaGraphExecDestroy((cudaGraphExec_t)graph);
   if (err != cudaSuccess) tt_cuda_fail(err, "cudaGraphExecDestroy", __FILE__, __LINE__);
+  if (device >= 0 && device < TT_CUDA_MAX_DEVICES) tt_graphs_alive[device]--;
 }
