@@ -116,6 +116,30 @@ describe("cuda graphs without a GPU", function()
     assert.are.same(eager, graphed)
   end)
 
+  it("the graph step (emulated) across a checkpoint restart matches 12 straight eager steps", function()
+    local dump = os.tmpname()
+    os.remove(dump)
+    os.execute("mkdir -p " .. dump)
+    local ck = { "--checkpoint.enable=true", "--checkpoint.interval=6", "--training.steps=12",
+      "--training.global_batch_tokens=128" }
+    local r, a = cfg_of({ "--training.steps=12", "--training.global_batch_tokens=128" })
+    local straight = run(r, a, 12)
+    cuda_graph.emulate = true
+    local function graphed(until_step)
+      local r2, a2 = cfg_of(ck)
+      a2[#a2 + 1] = "--training.cuda_graphs=true"
+      a2[#a2 + 1] = "--job.dump_folder=" .. dump
+      return run(r2, a2, until_step)
+    end
+    local first = graphed(6)
+    local second, lines = graphed(12) -- resumes at 6, warms up and captures again
+    assert.are.equal(6, #first)
+    assert.are.equal(6, #second) -- steps 7..12 only: it resumed
+    assert.truthy(log_has(lines, "captured forward %+ backward"), table.concat(lines, "\n"))
+    for i = 1, 6 do assert.are.equal(straight[i], first[i], "step " .. i) end
+    for i = 1, 6 do assert.are.equal(straight[6 + i], second[i], "step " .. (6 + i)) end
+  end)
+
   it("a recipe's own train_step is never captured", function()
     cuda_graph.emulate = true
     local r, a = cfg_of({ "--training.cuda_graphs=true" })
