@@ -573,74 +573,79 @@ extern "C" tt_status tt_cuda_softmax_backward(int dtype, int64_t rows, int64_t n
 
 #define TT_SUMSQ_MAX_SEGS 1024
 
-/* Segment b of nseg sums the squares of [b * L, min(n, b * L + L)) in
- * double (one block per segment, block-strided). */
+/* Up to TT_FOREACH_MAX tensors of one dtype per launch pair. Tensor i is
+ * cut into nseg_i = first_seg[i + 1] - first_seg[i] segments of L[i]
+ * elements (at most TT_SUMSQ_MAX_SEGS, a function of its size only), one
+ * block per segment; its partials land at part[first_seg[i] ...]. */
+struct tt_sumsq_args {
+  int count;
+  unsigned int first_seg[TT_FOREACH_MAX + 1];
+  const void *x[TT_FOREACH_MAX];
+  int64_t n[TT_FOREACH_MAX], L[TT_FOREACH_MAX];
+};
+
+/* Block b sums the squares of its segment [lo, hi) in double, in a fixed
+ * order (threads take V-element chunks, then the block's group reduce). */
 template <int DT>
-__global__ void tt_sumsq_partial(int64_t n, int64_t L, int64_t nseg, const typename tt_ft<DT>::S *__restrict__ x,
-                                 double *__restrict__ part) {
+__global__ void tt_sumsq_partial(const __grid_constant__ tt_sumsq_args a, double *__restrict__ part) {
   typedef typename tt_ft<DT>::C C;
   constexpr int V = 16 / sizeof(typename tt_ft<DT>::S);
   __shared__ double sm[TT_WARPS];
+  int i = 0;
+  while (i + 1 < a.count && a.first_seg[i + 1] <= blockIdx.x) i++;
+  const typename tt_ft<DT>::S *x = (const typename tt_ft<DT>::S *)a.x[i];
   const bool vec = tt_al16(x);
-  for (int64_t b = blockIdx.x; b < nseg; b += gridDim.x) {
-    const int64_t lo = b * L, hi = lo + L < n ? lo + L : n;
-    double acc = 0.0;
-    for (int64_t e = lo + (int64_t)threadIdx.x * V; e < hi; e += (int64_t)TT_CUDA_THREADS * V) {
-      int64_t cnt = hi - e < V ? hi - e : V;
-      C c[V];
-      tt_ld_chunk<DT>(x, e, cnt, vec, c);
-#pragma unroll
-      for (int k = 0; k < V; k++)
-        if (k < cnt) acc = tt_add(acc, tt_mul((double)c[k], (double)c[k]));
-    }
-    acc = tt_group_reduce<TT_CUDA_THREADS>(acc, tt_sum_op(), sm);
-    if (threadIdx.x == 0) part[b] = acc;
-  }
-}
-
-/* One block folds the partials: lane l takes l, l + 256, ... in order. */
-__global__ void tt_sumsq_final(int64_t nseg, const double *part, double *out) {
-  __shared__ double sm[TT_WARPS];
+  const int64_t n = a.n[i], b = blockIdx.x - a.first_seg[i];
+  const int64_t lo = b * a.L[i], hi = lo + a.L[i] < n ? lo + a.L[i] : n;
   double acc = 0.0;
-  for (int64_t i = threadIdx.x; i < nseg; i += TT_CUDA_THREADS) acc = tt_add(acc, part[i]);
+  for (int64_t e = lo + (int64_t)threadIdx.x * V; e < hi; e += (int64_t)TT_CUDA_THREADS * V) {
+    int64_t cnt = hi - e < V ? hi - e : V;
+    C c[V];
+    tt_ld_chunk<DT>(x, e, cnt, vec, c);
+#pragma unroll
+    for (int k = 0; k < V; k++)
+      if (k < cnt) acc = tt_add(acc, tt_mul((double)c[k], (double)c[k]));
+  }
   acc = tt_group_reduce<TT_CUDA_THREADS>(acc, tt_sum_op(), sm);
-  if (threadIdx.x == 0) *out = acc;
+  if (threadIdx.x == 0) part[blockIdx.x] = acc;
 }
 
-/* Queues the sum of squares of x into *slot (device memory), using part
- * (TT_SUMSQ_MAX_SEGS doubles of workspace) for the segments. */
-template <int DT> static tt_status tt_sumsq_enqueue(cudaStream_t s, int64_t n, const void *x, double *part, double *slot) {
-  int64_t nseg = tt_cdiv(n, 16384);
-  if (nseg > TT_SUMSQ_MAX_SEGS) nseg = TT_SUMSQ_MAX_SEGS;
-  int64_t L = (tt_cdiv(n, nseg) + 7) / 8 * 8;
-  nseg = tt_cdiv(n, L);
-  tt_sumsq_partial<DT><<<(unsigned int)nseg, TT_CUDA_THREADS, 0, s>>>(n, L, nseg, (const typename tt_ft<DT>::S *)x,
-                                                                       part);
-  TT_CUDA_CHECK_LAUNCH("tt_sumsq_partial");
-  tt_sumsq_final<<<1, TT_CUDA_THREADS, 0, s>>>(nseg, part, slot);
+/* Block i folds tensor i's partials (lane l takes l, l + 256, ... in
+ * order) into slots[i]; no partials (an empty tensor): +0.0. */
+__global__ void tt_sumsq_final(const __grid_constant__ tt_sumsq_args a, const double *part, double *slots) {
+  __shared__ double sm[TT_WARPS];
+  const int i = blockIdx.x;
+  const int64_t nseg = a.first_seg[i + 1] - a.first_seg[i];
+  const double *p = part + a.first_seg[i];
+  double acc = 0.0;
+  for (int64_t j = threadIdx.x; j < nseg; j += TT_CUDA_THREADS) acc = tt_add(acc, p[j]);
+  acc = tt_group_reduce<TT_CUDA_THREADS>(acc, tt_sum_op(), sm);
+  if (threadIdx.x == 0) slots[i] = acc;
+}
+
+template <int DT>
+static tt_status tt_sumsq_run(cudaStream_t s, const tt_sumsq_args &a, double *part, double *slots) {
+  if (a.first_seg[a.count] > 0) {
+    tt_sumsq_partial<DT><<<a.first_seg[a.count], TT_CUDA_THREADS, 0, s>>>(a, part);
+    TT_CUDA_CHECK_LAUNCH("tt_sumsq_partial");
+  }
+  tt_sumsq_final<<<(unsigned int)a.count, TT_CUDA_THREADS, 0, s>>>(a, part, slots);
   TT_CUDA_CHECK_LAUNCH("tt_sumsq_final");
   return TT_OK;
 }
 
-static tt_status tt_sumsq_dispatch(int dtype, cudaStream_t s, int64_t n, const void *x, double *part, double *slot) {
-  if (n <= 0) {
-    TT_CUDA_CHECK(cudaMemsetAsync(slot, 0, sizeof *slot, s)); /* all-zero bits: +0.0 */
-    return TT_OK;
-  }
-  TT_FLOAT_DISPATCH(dtype, tt_sumsq_enqueue, s, n, x, part, slot)
-  return tt_error_set(TT_ERR_DTYPE, "cuda sumsq: dtype %d not supported (f32, f64, bf16, f16)", dtype);
-}
-
-/* The sums of squares of k tensors with one read-back for all: each result
- * lands in its own workspace slot after the partials' area, then the slots
- * come to the host together. */
+/* The sums of squares of k tensors with one read-back for all: runs of
+ * consecutive tensors of one dtype (up to TT_FOREACH_MAX) take two
+ * launches each; every result lands in its own workspace slot after the
+ * partials' area, then the slots come to the host together. */
 extern "C" tt_status tt_cuda_sumsq_many(int k, const int *dtypes, const int64_t *ns, const void *const *xs,
                                         double *out) {
   for (int i = 0; i < k; i++)
     if (!tt_reduce_dtype_ok(dtypes[i]))
       return tt_error_set(TT_ERR_DTYPE, "cuda sumsq: dtype %d not supported (f32, f64, bf16, f16)", dtypes[i]);
   if (k <= 0) return TT_OK;
-  const int64_t max_slots = (int64_t)(TT_CUDA_WORKSPACE / sizeof(double)) - TT_SUMSQ_MAX_SEGS;
+  const int64_t part_len = (int64_t)TT_FOREACH_MAX * TT_SUMSQ_MAX_SEGS;
+  const int64_t max_slots = (int64_t)(TT_CUDA_WORKSPACE / sizeof(double)) - part_len;
   int device;
   cudaStream_t s;
   tt_status st = tt_cuda_current(&device, &s);
@@ -648,11 +653,40 @@ extern "C" tt_status tt_cuda_sumsq_many(int k, const int *dtypes, const int64_t 
   std::unique_lock<std::mutex> hold;
   void *ws;
   if ((st = tt_cuda_workspace(device, &ws, &hold)) != TT_OK) return st;
-  double *part = (double *)ws, *slots = part + TT_SUMSQ_MAX_SEGS;
+  double *part = (double *)ws, *slots = part + part_len;
   for (int done = 0; done < k;) {
     int batch = (int)(k - done < max_slots ? k - done : max_slots);
-    for (int i = 0; i < batch; i++)
-      if ((st = tt_sumsq_dispatch(dtypes[done + i], s, ns[done + i], xs[done + i], part, slots + i)) != TT_OK) return st;
+    for (int i = 0; i < batch;) {
+      const int dt = dtypes[done + i];
+      tt_sumsq_args a;
+      memset(&a, 0, sizeof a);
+      unsigned int segs = 0;
+      const int first = i;
+      while (i < batch && a.count < TT_FOREACH_MAX && dtypes[done + i] == dt) {
+        const int64_t n = ns[done + i];
+        int64_t nseg = 0, L = 0;
+        if (n > 0) {
+          nseg = tt_cdiv(n, 16384);
+          if (nseg > TT_SUMSQ_MAX_SEGS) nseg = TT_SUMSQ_MAX_SEGS;
+          L = (tt_cdiv(n, nseg) + 7) / 8 * 8;
+          nseg = tt_cdiv(n, L);
+        }
+        a.x[a.count] = xs[done + i];
+        a.n[a.count] = n > 0 ? n : 0;
+        a.L[a.count] = L;
+        a.first_seg[a.count++] = segs;
+        segs += (unsigned int)nseg;
+        i++;
+      }
+      a.first_seg[a.count] = segs;
+      switch (dt) {
+        case TT_F32: st = tt_sumsq_run<TT_F32>(s, a, part, slots + first); break;
+        case TT_F64: st = tt_sumsq_run<TT_F64>(s, a, part, slots + first); break;
+        case TT_BF16: st = tt_sumsq_run<TT_BF16>(s, a, part, slots + first); break;
+        default: st = tt_sumsq_run<TT_F16>(s, a, part, slots + first); break;
+      }
+      if (st != TT_OK) return st;
+    }
     TT_CUDA_CHECK(cudaMemcpyAsync(out + done, slots, (size_t)batch * sizeof(double), cudaMemcpyDeviceToHost, s));
     TT_CUDA_CHECK(cudaStreamSynchronize(s));
     done += batch;
