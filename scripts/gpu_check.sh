@@ -310,7 +310,7 @@ step_about() {
     unpack) echo "unpack .gpu/debs/*.deb (dpkg-deb -x, or ar + tar) into .gpu/prefix (libgomp1/libgfortran5/libquadmath0 into .gpu/fallback, linked into .gpu/extra-libs only where the machine lacks them); point the .pc files at the prefix" ;;
     configure) echo "cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTITAN_CUDA=ON -DTITAN_WERROR=OFF -DPKG_CONFIG_EXECUTABLE=<pkg-config on PATH> [-DTITAN_NVCC=/-DCMAKE_CUDA_COMPILER=<nvcc>] [-DTITAN_CUDNN_LIBRARY=/-DTITAN_CUDNN_INCLUDE=/-DTITAN_NCCL_LIBRARY=/-DTITAN_NCCL_INCLUDE=/-DCUDA_cublasLt_LIBRARY= where found outside the toolkit's own folders]" ;;
     build) echo "cmake --build build-gpu -j $JOBS (GPU_CHECK_JOBS, default nproc) [-- -k with make]" ;;
-    cuda_tests) echo "cd build-gpu && OMP_NUM_THREADS=2 ctest -R '^cuda/' -j 10 --output-on-failure (tests/cuda/*_spec.lua under busted inside build-gpu/titan, all at once)" ;;
+    cuda_tests) echo "cd build-gpu && OMP_NUM_THREADS=2 ctest -R '^cuda/' -j 10 --output-on-failure (tests/cuda/*_spec.lua under busted inside build-gpu/titan, all at once; /usr/share/games/fortunes -> the carried corpus when the machine has none)" ;;
     bench_titan) echo "build-gpu/titan bench/gpu.lua --json .gpu/run/titan.json --budget <step time - 10>" ;;
     bench_torch) echo "python3 bench/gpu_torch.py --json .gpu/run/torch.json --titan-json .gpu/run/titan.json --budget <step time - 10> (without the prefix on LD_LIBRARY_PATH)" ;;
     cpu_tests) echo "cd build-gpu && OMP_NUM_THREADS=<jobs/4> ctest -E '^cuda/' -j 4 --output-on-failure (the C and Lua suite; /usr/share/games/fortunes -> the carried corpus when the machine has none; TITAN_REFERENCE_PYTHON/TITAN_HF_PYTHON = python3 with torch)" ;;
@@ -442,6 +442,7 @@ build_cmd() {
 
 cuda_tests_cmd() {
   [ -x "$BUILD/titan" ] || { echo "no $BUILD/titan: the build failed"; return 1; }
+  link_corpus
   "$BUILD/titan" -e 'local t = require("titan"); print("titan " .. t.version() .. " | cuda available: " .. tostring(t.cuda_available()) .. ", devices: " .. t.cuda_device_count() .. " | " .. t.blas_info())'
   # Ten specs at once (one wave: the slowest sets the time), two CPU threads
   # each for their CPU references, on the machine's 16 cores.
@@ -463,15 +464,20 @@ bench_torch_cmd() { # budget
     --titan-json "$SCRATCH/titan.json" --budget "$1" "${quick[@]}"
 }
 
-cpu_tests_cmd() {
-  [ -x "$BUILD/titan" ] || { echo "no $BUILD/titan: the build failed"; return 1; }
+# lua/titan/data/build.lua reads the fortunes corpus from a fixed path; the
+# trainer-driven specs (CUDA ones too) need it there.
+link_corpus() {
   if [ ! -e /usr/share/games/fortunes/fortunes ] && [ -e "$PREFIX/usr/share/games/fortunes/fortunes" ]; then
-    # lua/titan/data/build.lua reads the corpus from this fixed path.
     if [ ! -e /usr/share/games/fortunes ]; then
       mkdir -p /usr/share/games && ln -s "$PREFIX/usr/share/games/fortunes" /usr/share/games/fortunes &&
         echo "linked /usr/share/games/fortunes -> $PREFIX/usr/share/games/fortunes"
     fi
   fi
+}
+
+cpu_tests_cmd() {
+  [ -x "$BUILD/titan" ] || { echo "no $BUILD/titan: the build failed"; return 1; }
+  link_corpus
   local py
   py="$(command -v python3 || true)"
   if [ -n "$py" ] && env -u LD_LIBRARY_PATH "$py" -c 'import torch' 2>/dev/null; then
@@ -520,7 +526,7 @@ run_step() { # name [args...]: runs <name>_cmd with the step's timeout into its 
       local arg=$((t - 10))
       (
         eval "$(prefix_env "$PREFIX" "$EXTRA_LIBS")"
-        export -f "${name}_cmd" find_cuda_libs first_match 2>/dev/null
+        export -f "${name}_cmd" find_cuda_libs first_match link_corpus 2>/dev/null
         export BUILD ROOT SCRATCH PREFIX JOBS
         timeout --kill-after=10 "$t" bash -c "${name}_cmd \"\$@\"" _ "$arg"
       ) >>"$log" 2>&1
