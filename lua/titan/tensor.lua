@@ -57,8 +57,11 @@ function M.local_cuda_index(getenv, count)
   end
   return count > 0 and lr % count or 0
 end
+local launcher_cuda -- read once: the launcher's variables do not change under a process
 function M.default_cuda()
-  return default_cuda or M.local_cuda_index(os.getenv, C.tt_cuda_device_count())
+  if default_cuda then return default_cuda end
+  launcher_cuda = launcher_cuda or M.local_cuda_index(os.getenv, C.tt_cuda_device_count())
+  return launcher_cuda
 end
 function M.set_default_cuda(n) default_cuda = n end
 
