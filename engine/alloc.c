@@ -30,17 +30,6 @@
 
 #define TT_MAX_CUDA_DEVICES 16
 
-typedef struct tt_block {
-  struct tt_block *next;
-  void *ptr;
-} tt_block;
-
-/* Free lists by size class, and the node recycling they share. */
-typedef struct tt_cache {
-  tt_block *free_list[TT_NUM_CLASSES];
-  tt_block *spare; /* recycled list nodes, so caching itself never mallocs per call */
-} tt_cache;
-
 struct tt_mempool {
   tt_device dev;
   tt_cache cache;
@@ -93,7 +82,7 @@ int tt_size_class(size_t n, size_t *rounded) {
   return cls < TT_NUM_CLASSES ? cls : -1; /* -1: too large to cache */
 }
 
-static size_t tt_class_bytes(int c) {
+size_t tt_class_bytes(int c) {
   if (c < 8) return (size_t)(c + 1) * 512;
   int p = 12 + (c - 8) / 4, k = (c - 8) % 4 + 1;
   return ((size_t)1 << p) + (size_t)k * (((size_t)1 << p) / 4);
@@ -122,8 +111,7 @@ static void tt_pool_flush_locked(tt_pool *pool, tt_device dev, const tt_kernels 
   pool->stats.reserved -= tt_cache_flush(&pool->cache, dev, be, NULL, NULL);
 }
 
-/* Pop a cached block of class cls (NULL when none). */
-static void *tt_cache_take(tt_cache *cache, int cls) {
+void *tt_cache_take(tt_cache *cache, int cls) {
   tt_block *b = cache->free_list[cls];
   if (!b) return NULL;
   cache->free_list[cls] = b->next;
@@ -132,8 +120,7 @@ static void *tt_cache_take(tt_cache *cache, int cls) {
   return b->ptr;
 }
 
-/* Push a block; 0 when no list node could be had (the caller frees it). */
-static int tt_cache_put(tt_cache *cache, int cls, void *ptr) {
+int tt_cache_put(tt_cache *cache, int cls, void *ptr) {
   tt_block *b = cache->spare;
   if (b) cache->spare = b->next;
   else if (!(b = malloc(sizeof *b))) return 0; /* list nodes only, rare */

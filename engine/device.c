@@ -88,14 +88,15 @@ void tt_set_num_threads(int n) {
   if (n > 0) omp_set_num_threads(n);
 }
 
-/* Read by the CUDA backend on every attention call (its plans are keyed by
- * it), so a relaxed atomic suffices: a change applies to the next call. */
-static int tt_deterministic_on = 0;
+/* Process-wide switches read by every attention call (deterministic, the
+ * plans are keyed by it) and every matmul (TF32), on whichever thread runs
+ * the op: atomics, and a change applies to the next call. */
+static atomic_int tt_deterministic_on = 0;
 
-void tt_set_deterministic(int on) { __atomic_store_n(&tt_deterministic_on, on != 0, __ATOMIC_RELAXED); }
+void tt_set_deterministic(int on) { atomic_store(&tt_deterministic_on, on != 0); }
 
-int tt_deterministic(void) { return __atomic_load_n(&tt_deterministic_on, __ATOMIC_RELAXED); }
-/* Atomic: every matmul reads it, on whichever thread runs the op. */
+int tt_deterministic(void) { return atomic_load(&tt_deterministic_on); }
+
 static atomic_int tt_tf32 = 0;
 
 void tt_set_allow_tf32(int on) { atomic_store(&tt_tf32, on != 0); }

@@ -28,9 +28,26 @@ void tt_free_raw(tt_device dev, void *ptr, size_t nbytes);
 /* The device a private pool serves. */
 tt_device tt_mempool_device(const tt_mempool *pool);
 /* The size class of an n-byte request (< TT_NUM_CLASSES; -1: too large to
- * cache) and the size it is rounded up to. */
+ * cache) and the size it is rounded up to; the size of class c. */
 #define TT_NUM_CLASSES 256
 int tt_size_class(size_t n, size_t *rounded);
+size_t tt_class_bytes(int c);
+
+/* Free lists by size class, and the list nodes they recycle so caching
+ * itself never mallocs per call (the caller locks). Shared by the device
+ * pools (alloc.c) and the pinned-buffer cache (pinned.c). */
+typedef struct tt_block {
+  struct tt_block *next;
+  void *ptr;
+} tt_block;
+typedef struct tt_cache {
+  tt_block *free_list[TT_NUM_CLASSES];
+  tt_block *spare;
+} tt_cache;
+/* Pop a cached block of class cls (NULL when none). */
+void *tt_cache_take(tt_cache *cache, int cls);
+/* Push a block; 0 when no list node could be had (the caller frees it). */
+int tt_cache_put(tt_cache *cache, int cls, void *ptr);
 
 /* Pinned host buffers (pinned.c) from be->host_alloc, cached by size class:
  * the snapshots of async checkpoints. Any thread may free. */

@@ -341,13 +341,12 @@ static tt_status tt_to_dtype(const tt_tensor *t, int dtype, tt_tensor **out) {
  * 16-byte aligned (the epilogue loads vectors). t itself, retained, when it
  * already is all that. */
 static tt_status tt_gemm_bias(const tt_tensor *t, int compute_dtype, tt_tensor **out) {
-  int want = compute_dtype;
-  if (t->dtype == want && tt_tensor_is_contiguous(t) && (uintptr_t)tt_tensor_data(t) % 16 == 0) {
+  if (t->dtype == compute_dtype && tt_tensor_is_contiguous(t) && (uintptr_t)tt_tensor_data(t) % 16 == 0) {
     tt_tensor_retain((tt_tensor *)t);
     *out = (tt_tensor *)t;
     return TT_OK;
   }
-  return tt_to_dtype(t, want, out);
+  return tt_to_dtype(t, compute_dtype, out);
 }
 
 /* matmul and linear after their own checks: `name` prefixes the messages;

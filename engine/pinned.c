@@ -5,7 +5,7 @@
  * Pinning is slow (the pages are mapped and locked: it costs more than the
  * copy itself), and every checkpoint of a run snapshots the same tensor
  * sizes. So a freed buffer is kept on the free list of its size class
- * (alloc.c's classes) for the next checkpoint, and is returned to the
+ * (alloc.c's classes and free lists) for the next checkpoint, and is returned to the
  * system only by tt_memory_pinned_empty_cache, or to make room when
  * pinning fails. One cache for the process: pinned memory is the host's and
  * any device copies into it. Statistics as alloc.c's (titan.memory_stats
@@ -18,29 +18,19 @@
 
 #include "internal.h"
 
-typedef struct tt_pinned_block {
-  struct tt_pinned_block *next;
-  void *ptr;
-  size_t size; /* rounded to the class */
-} tt_pinned_block;
-
 static struct {
   pthread_mutex_t lock;
   const tt_kernels *be; /* whose host_alloc pinned the cached buffers */
-  tt_pinned_block *free_list[TT_NUM_CLASSES];
-  tt_pinned_block *spare; /* list nodes on no free list, for the next free */
+  tt_cache cache;
   tt_mem_stats stats;
-} tt_pinned = {PTHREAD_MUTEX_INITIALIZER, NULL, {NULL}, NULL, {0, 0, 0, 0, 0, 0, 0, 0}};
+} tt_pinned = {PTHREAD_MUTEX_INITIALIZER, NULL, {{NULL}, NULL}, {0, 0, 0, 0, 0, 0, 0, 0}};
 
 static void tt_pinned_flush_locked(void) {
   for (int c = 0; c < TT_NUM_CLASSES; c++) {
-    while (tt_pinned.free_list[c]) {
-      tt_pinned_block *b = tt_pinned.free_list[c];
-      tt_pinned.free_list[c] = b->next;
-      tt_pinned.be->host_free(b->ptr);
-      tt_pinned.stats.reserved -= (int64_t)b->size;
-      b->next = tt_pinned.spare;
-      tt_pinned.spare = b;
+    void *p;
+    while ((p = tt_cache_take(&tt_pinned.cache, c))) {
+      tt_pinned.be->host_free(p);
+      tt_pinned.stats.reserved -= (int64_t)tt_class_bytes(c);
     }
   }
 }
@@ -50,12 +40,8 @@ tt_status tt_pinned_alloc(const tt_kernels *be, size_t nbytes, void **out) {
   int cls = tt_size_class(nbytes, &rounded);
   pthread_mutex_lock(&tt_pinned.lock);
   tt_pinned.stats.num_allocs++;
-  tt_pinned_block *b = cls >= 0 ? tt_pinned.free_list[cls] : NULL;
-  if (b) {
-    tt_pinned.free_list[cls] = b->next;
-    *out = b->ptr;
-    b->next = tt_pinned.spare;
-    tt_pinned.spare = b;
+  *out = cls >= 0 ? tt_cache_take(&tt_pinned.cache, cls) : NULL;
+  if (*out) {
     tt_pinned.stats.num_cache_hits++;
   } else {
     tt_status st = be->host_alloc(rounded, out);
@@ -92,18 +78,7 @@ void tt_pinned_free(void *ptr, size_t nbytes) {
   pthread_mutex_lock(&tt_pinned.lock);
   tt_pinned.stats.num_frees++;
   tt_pinned.stats.allocated -= (int64_t)rounded;
-  tt_pinned_block *b = NULL;
-  if (cls >= 0) {
-    b = tt_pinned.spare;
-    if (b) tt_pinned.spare = b->next;
-    else b = malloc(sizeof *b); /* once per buffer ever cached */
-  }
-  if (b) {
-    b->ptr = ptr;
-    b->size = rounded;
-    b->next = tt_pinned.free_list[cls];
-    tt_pinned.free_list[cls] = b;
-  } else {
+  if (!(cls >= 0 && tt_cache_put(&tt_pinned.cache, cls, ptr))) {
     tt_pinned.be->host_free(ptr);
     tt_pinned.stats.reserved -= (int64_t)rounded;
   }

@@ -67,7 +67,8 @@ function titan.live_tensors() return tonumber(C.tt_tensor_live_count()) end
 -- synchronize("cuda:0") waits for the device's queued work and raises the
 -- first out-of-range index its kernels met since the last check (GPU index
 -- kernels record one instead of faulting; :item() and copies to the host
--- raise it too). Default device: cuda:0 when there is a GPU, else cpu.
+-- raise it too). Default device: "cuda" (this process's GPU) when there is
+-- one, else cpu.
 function titan.synchronize(device)
   local dev = device or (titan.cuda_available() and "cuda" or "cpu")
   tffi.check(C.tt_device_synchronize(tensor.device_of(dev)), 2)

@@ -23,6 +23,26 @@ function Net:forward(ids)
   return self.out(h)
 end
 
+-- Plain SGD on module's parameters for `steps` steps of loss_fn(); returns
+-- the first and the last loss.
+local function sgd_fit(module, steps, lr, loss_fn)
+  local first, last
+  for step = 1, steps do
+    local loss = titan.scope(function()
+      local l = loss_fn()
+      l:backward()
+      return l:item()
+    end)
+    titan.no_grad(function()
+      for _, p in ipairs(module:parameters()) do p:add_(p.grad, -lr) end
+    end)
+    module:zero_grad()
+    if step == 1 then first = loss end
+    last = loss
+  end
+  return first, last
+end
+
 describe("nn", function()
   it("names parameters in declaration order and counts them", function()
     local net = Net(11, 4)
@@ -89,21 +109,9 @@ describe("nn", function()
     local net = Net(7, 16)
     local ids = titan.tensor({ { 1, 2, 3, 4, 5, 6 } }, { dtype = "int64" })
     local targets = titan.tensor({ 2, 3, 4, 5, 6, 0 }, { dtype = "int64" })
-    local first, last
-    for step = 1, 60 do
-      local loss = titan.scope(function()
-        local logits = net(ids):reshape(-1, 7)
-        local l = titan.F.cross_entropy(logits, targets)
-        l:backward()
-        return l:item()
-      end)
-      titan.no_grad(function()
-        for _, p in ipairs(net:parameters()) do p:add_(p.grad, -0.5) end
-      end)
-      net:zero_grad()
-      if step == 1 then first = loss end
-      last = loss
-    end
+    local first, last = sgd_fit(net, 60, 0.5, function()
+      return titan.F.cross_entropy(net(ids):reshape(-1, 7), targets)
+    end)
     assert.truthy(first > 1.5)
     assert.truthy(last < 0.1, "final loss " .. last)
   end)
@@ -120,21 +128,10 @@ describe("nn", function()
     local wt = titan.tensor({ { 0.5, -1, 2 }, { 1.5, 0.25, -0.75 } })
     local bt = titan.tensor({ 3, -2 })
     local y = titan.no_grad(function() return titan.F.linear(x, wt, bt) end)
-    local first, last
-    for step = 1, 300 do
-      local loss = titan.scope(function()
-        local d = lin(x) - y
-        local l = (d * d):mean()
-        l:backward()
-        return l:item()
-      end)
-      titan.no_grad(function()
-        for _, p in ipairs(lin:parameters()) do p:add_(p.grad, -0.1) end
-      end)
-      lin:zero_grad()
-      if step == 1 then first = loss end
-      last = loss
-    end
+    local first, last = sgd_fit(lin, 300, 0.1, function()
+      local d = lin(x) - y
+      return (d * d):mean()
+    end)
     assert.truthy(first > 1, "first loss " .. first)
     assert.truthy(last < 1e-6, "final loss " .. last)
     local bf = lin.bias:tolist_flat()
