@@ -386,8 +386,9 @@ local function fast_init(model)
   end)
 end
 
--- graphs: after the first step, replay the forward + backward from a CUDA
--- graph (titan.cuda_graph; training.cuda_graphs in the trainer).
+-- graphs: after the first step, replay the forward + backward and the
+-- update (clip, AdamW, zero_grad) from two CUDA graphs (titan.cuda_graph;
+-- training.cuda_graphs in the trainer).
 local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, graphs)
   for _, dt in ipairs(dtypes) do
     local r = guarded("train", label .. " " .. dt, need, function()
@@ -407,7 +408,7 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
       local x = ids:narrow(2, 1, T):contiguous():to(DEV)
       local y = ids:narrow(2, 2, T):contiguous():to(DEV)
       local stats_dev = ON_GPU and "cuda:0" or "cpu"
-      local last_loss, graph
+      local last_loss, graph, upd, plan, norm_clip
       local function fwd_bwd()
         local logits = model(x)
         local loss = F.cross_entropy(logits:reshape(-1, V), y:reshape(-1), { num_tokens = B * T })
@@ -426,9 +427,28 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
         else
           last_loss = titan.scope(function() return fwd_bwd():item() end)
         end
-        optim.clip_grad_norm(params, 1.0)
-        opt:step()
-        opt:zero_grad({ set_to_none = not graphs }) -- a graph accumulates into the same buffers
+        if graphs and i > 1 then
+          -- the update as a second graph, as training.cuda_graphs does
+          -- (titan.graph_step): scalars in device memory, rewritten per step
+          if not upd then
+            local grads, why = {}, nil
+            for _, p in ipairs(params) do grads[#grads + 1] = p.grad end
+            plan = assert(opt:device_plan())
+            norm_clip = titan.keep(titan.zeros({ 2 }, { dtype = "float64", device = DEV }))
+            upd, why = cuda_graph.capture(DEV, function()
+              titan.ops.global_norm_dev_(grads, 1.0, norm_clip)
+              opt:launch_device_step(plan, norm_clip)
+              titan.ops.fill_multi_(grads, 0)
+            end)
+            if not upd then error("cuda graph capture of the update failed: " .. why, 0) end
+          end
+          opt:prepare_device_step(plan)
+          upd:replay()
+        else
+          optim.clip_grad_norm(params, 1.0)
+          opt:step()
+          opt:zero_grad({ set_to_none = not graphs }) -- a graph accumulates into the same buffers
+        end
       end
       local ts = {}
       for i = 1, warmup + steps do
@@ -441,8 +461,13 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
       table.sort(ts)
       local t = ts[math.floor((#ts + 1) / 2)]
       local peak = titan.memory_stats(stats_dev).peak_allocated
-      local nodes = graph and graph.num_nodes
+      local nodes = graph and graph.num_nodes + (upd and upd.num_nodes or 0)
       if graph then graph:free() end
+      if upd then
+        upd:free()
+        opt:free_device_plan(plan)
+        norm_clip:free()
+      end
       local tps = B * T / t
       for _, st in pairs(opt.state) do
         st.exp_avg:free()

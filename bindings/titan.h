@@ -340,6 +340,35 @@ tt_status tt_op_adamw_multi(int n, tt_tensor *const *params, tt_tensor *const *g
 /* sqrt(sum over tensors of sum(x^2)), accumulated in f64 in a fixed order. */
 tt_status tt_op_global_norm(int n, tt_tensor *const *ts, double *out);
 
+/* The optimizer step with its per-step numbers in device memory, so that a
+ * CUDA graph can capture it once and replay it every step: the learning
+ * rate and bias corrections become a small f32 tensor the host rewrites
+ * before each replay, and the clip coefficient is computed on the device
+ * from the gradient norm. Same bits as the eager step (tt_op_global_norm,
+ * tt_op_scale_multi, tt_op_adamw_multi).
+ *
+ * tt_op_global_norm_dev: out (f64, 2 contiguous elements, on the tensors'
+ * one device) receives out[0] = the norm as tt_op_global_norm computes it,
+ * out[1] = max_norm / (norm + 1e-6) when norm > max_norm > 0, else 1 (the
+ * clip coefficient). Nothing is read back. */
+tt_status tt_op_global_norm_dev(int n, tt_tensor *const *ts, double max_norm, tt_tensor *out);
+/* out[0 .. 2n] (host floats): the step's scalars for tt_op_adamw_multi_dev,
+ * exactly as tt_op_adamw_multi rounds them: out[0] = 1 - lr * weight_decay,
+ * then per tensor i: out[1 + 2i] = -lr / (1 - beta1^steps[i]),
+ * out[2 + 2i] = sqrt(1 - beta2^steps[i]). */
+tt_status tt_adamw_scalars(int n, double lr, double beta1, double beta2, double weight_decay, const int64_t *steps,
+                           float *out);
+/* tt_op_adamw_multi reading lr, weight decay and bias corrections from
+ * `scalars` (f32, 1 + 2n contiguous elements on the params' device, as
+ * tt_adamw_scalars writes them) when the kernels run. norm_clip: NULL, or
+ * tt_op_global_norm_dev's output: each gradient is first multiplied by
+ * norm_clip[1] and rounded to its dtype, as tt_op_scale_multi would (the
+ * gradients themselves are left as they are). f32, bf16 or f16 params and
+ * gradients (f64 ones: use tt_op_adamw_multi). */
+tt_status tt_op_adamw_multi_dev(int n, tt_tensor *const *params, tt_tensor *const *grads, tt_tensor *const *exp_avgs,
+                                tt_tensor *const *exp_avg_sqs, tt_tensor *const *masters, double beta1,
+                                double beta2, double eps, const tt_tensor *scalars, const tt_tensor *norm_clip);
+
 /* ---- tokenizer (engine/tokenizer.c) ------------------------------------- */
 /* TT_SECTION_TOKENIZER: byte-level BPE (engine/tokenizer.c, engine/tokenizer_train.c;
  * files are parsed by lua/titan/tokenizer.lua). A tokenizer is immutable once

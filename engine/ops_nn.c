@@ -590,6 +590,125 @@ tt_status tt_op_adamw_multi(int n, tt_tensor *const *params, tt_tensor *const *g
   return TT_OK;
 }
 
+/* The scalars exactly as the backends round them from tt_op_adamw_multi's
+ * doubles (kernels/cpu/optim.c, kernels/cuda/optim.cu). */
+tt_status tt_adamw_scalars(int n, double lr, double beta1, double beta2, double weight_decay, const int64_t *steps,
+                           float *out) {
+  if (n < 0) return tt_error_set(TT_ERR_INVALID, "adamw_scalars: n = %d tensors", n);
+  TT_TRY(tt_chk_adamw_hp("adamw_scalars", lr, beta1, beta2, 0, weight_decay));
+  out[0] = (float)(1.0 - lr * weight_decay);
+  for (int i = 0; i < n; i++) {
+    if (steps[i] < 1)
+      return tt_error_set(TT_ERR_INVALID, "adamw_scalars: tensor %d: step counts from 1, got %lld", i,
+                          (long long)steps[i]);
+    double bc1 = 1.0 - pow(beta1, (double)steps[i]), bc2 = 1.0 - pow(beta2, (double)steps[i]);
+    out[1 + 2 * i] = (float)(-(lr / bc1));
+    out[2 + 2 * i] = (float)sqrt(bc2);
+  }
+  return TT_OK;
+}
+
+/* A small f64/f32 vector of at least `need` contiguous elements on `dev`. */
+static tt_status tt_chk_scalar_vec(const char *op, const char *name, const tt_tensor *t, int dtype, int64_t need,
+                                   tt_device dev) {
+  char nm[32], nm2[32];
+  if (!t) return tt_error_set(TT_ERR_INVALID, "%s: %s must be given", op, name);
+  if (t->dtype != dtype || tt_tensor_numel(t) < need)
+    return tt_error_set(TT_ERR_SHAPE, "%s: %s is %s with %lld elements; expected %s with at least %lld", op, name,
+                        tt_dtype_name(t->dtype), (long long)tt_tensor_numel(t), tt_dtype_name(dtype), (long long)need);
+  TT_TRY(tt_chk_contig(op, name, t));
+  if (!tt_same_device(t->device, dev))
+    return tt_error_set(TT_ERR_DEVICE, "%s: %s is on %s; expected %s", op, name,
+                        tt_device_name(t->device, nm, sizeof nm), tt_device_name(dev, nm2, sizeof nm2));
+  return TT_OK;
+}
+
+tt_status tt_op_adamw_multi_dev(int n, tt_tensor *const *params, tt_tensor *const *grads, tt_tensor *const *ms,
+                                tt_tensor *const *vs, tt_tensor *const *masters, double beta1, double beta2,
+                                double eps, const tt_tensor *scalars, const tt_tensor *norm_clip) {
+  char op[64];
+  if (n < 0) return tt_error_set(TT_ERR_INVALID, "adamw_multi_dev: n = %d tensors", n);
+  TT_TRY(tt_chk_adamw_hp("adamw_multi_dev", 0, beta1, beta2, eps, 0));
+  for (int i = 0; i < n; i++) {
+    snprintf(op, sizeof op, "adamw_multi_dev: tensor %d", i);
+    if (!params[i] || !grads[i] || !ms[i] || !vs[i])
+      return tt_error_set(TT_ERR_INVALID, "%s: param, grad, exp_avg and exp_avg_sq must all be given", op);
+    TT_TRY(tt_chk_adamw(op, params[i], grads[i], ms[i], vs[i], masters ? masters[i] : NULL, 1));
+    TT_TRY(tt_chk_same_device(op, "param", params[i], "the first param", params[0]));
+    if (params[i]->dtype == TT_F64 || grads[i]->dtype == TT_F64)
+      return tt_error_set(TT_ERR_DTYPE, "%s: float64 params and grads take tt_op_adamw_multi (host scalars)", op);
+  }
+  if (n == 0 || params[0]->device.type == TT_META) return TT_OK;
+  tt_device dev = params[0]->device;
+  TT_TRY(tt_chk_scalar_vec("adamw_multi_dev", "scalars", scalars, TT_F32, 1 + 2 * (int64_t)n, dev));
+  if (norm_clip) TT_TRY(tt_chk_scalar_vec("adamw_multi_dev", "norm_clip", norm_clip, TT_F64, 2, dev));
+  const tt_kernels *be = tt_backend(dev);
+  if (!be || !be->adamw_multi_dev)
+    return tt_error_set(TT_ERR_UNSUPPORTED, "adamw_multi_dev: not implemented on this device");
+  const float *sc = tt_tensor_data(scalars);
+  const double *gscale = norm_clip ? (const double *)tt_tensor_data(norm_clip) + 1 : NULL;
+  tt_adamw_tensor run[TT_ADAMW_MULTI_MAX];
+  for (int i = 0; i < n;) {
+    int pd = params[i]->dtype, gd = grads[i]->dtype, k = 0, first = i;
+    while (i < n && k < TT_ADAMW_MULTI_MAX && params[i]->dtype == pd && grads[i]->dtype == gd) {
+      tt_adamw_tensor *t = &run[k++];
+      t->param = tt_tensor_data(params[i]);
+      t->grad = tt_tensor_data(grads[i]);
+      t->m = tt_tensor_data(ms[i]);
+      t->v = tt_tensor_data(vs[i]);
+      t->master = masters && masters[i] ? tt_tensor_data(masters[i]) : NULL;
+      t->n = tt_tensor_numel(params[i]);
+      t->bias_correction1 = t->bias_correction2 = 0; /* read from the pairs */
+      i++;
+    }
+    TT_TRY(tt_kernel_check(be->adamw_multi_dev(pd, gd, k, run, beta1, beta2, eps, sc, sc + 1 + 2 * first, gscale),
+                           "adamw_multi_dev", be, pd));
+  }
+  return TT_OK;
+}
+
+/* The norm and clip coefficient, as the eager step computes them on the
+ * host (trainer: optim.clip_grad_norm), written into device memory. */
+tt_status tt_op_global_norm_dev(int n, tt_tensor *const *ts, double max_norm, tt_tensor *out) {
+  const char *op = "global_norm_dev";
+  if (n < 1) return tt_error_set(TT_ERR_INVALID, "%s: n = %d tensors; expected at least 1", op, n);
+  for (int i = 0; i < n; i++) {
+    if (!ts[i]) return tt_error_set(TT_ERR_INVALID, "%s: tensor %d is missing", op, i);
+    if (!tt_dtype_is_float(ts[i]->dtype))
+      return tt_error_set(TT_ERR_DTYPE, "%s: tensor %d has dtype %s; expected a float tensor", op, i,
+                          tt_dtype_name(ts[i]->dtype));
+    TT_TRY(tt_chk_contig(op, "tensor", ts[i]));
+    TT_TRY(tt_chk_same_device(op, "tensor", ts[i], "the first tensor", ts[0]));
+  }
+  tt_device dev = ts[0]->device;
+  if (!out) return tt_error_set(TT_ERR_INVALID, "%s: out must be given", op);
+  if (dev.type == TT_META) return TT_OK;
+  TT_TRY(tt_chk_scalar_vec(op, "out", out, TT_F64, 2, dev));
+  const tt_kernels *be = tt_backend(dev);
+  if (!be) return tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented on this device", op);
+  double *o = tt_tensor_data(out);
+  if (!be->global_norm_dev) {
+    /* host memory: the host computes it, as the eager step does */
+    double norm;
+    TT_TRY(tt_op_global_norm(n, ts, &norm));
+    o[0] = norm;
+    o[1] = max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+    return TT_OK;
+  }
+  int *dts = malloc((size_t)n * sizeof *dts);
+  int64_t *ns = malloc((size_t)n * sizeof *ns);
+  const void **xs = malloc((size_t)n * sizeof *xs);
+  tt_status st = dts && ns && xs ? TT_OK : tt_error_set(TT_ERR_OOM, "%s: out of host memory", op);
+  for (int i = 0; st == TT_OK && i < n; i++) {
+    dts[i] = ts[i]->dtype;
+    ns[i] = tt_tensor_numel(ts[i]);
+    xs[i] = tt_tensor_data(ts[i]);
+  }
+  if (st == TT_OK) st = tt_kernel_check(be->global_norm_dev(n, dts, ns, xs, max_norm, o), op, be, dts[0]);
+  free(dts); free(ns); free(xs);
+  return st;
+}
+
 /* The tensors' sums of squares come back in one wait per device where the
  * backend has sumsq_many (a GPU: not one wait per tensor); they are added on
  * the host in the tensors' order either way, so the bits do not depend on it. */

@@ -138,6 +138,12 @@ typedef struct tt_kernels {
   /* out[i] = sumsq of tensor i (contiguous), each as sumsq computes it, with
    * one wait for all (NULL: the engine calls sumsq per tensor). */
   tt_status (*sumsq_many)(int k, const int *dtypes, const int64_t *ns, const void *const *xs, double *out);
+  /* The same sums with no read-back: out (2 doubles of device memory) =
+   * {sqrt of their sum in tensor order, clip coefficient}, as
+   * tt_op_global_norm_dev defines them. NULL: the engine computes them on
+   * the host (the CPU, whose device memory is host memory). */
+  tt_status (*global_norm_dev)(int k, const int *dtypes, const int64_t *ns, const void *const *xs, double max_norm,
+                               double *out);
 
   /* -- matmul: C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i] + bias,
    *    row-major, i < batch, stride_* = 0 broadcasts an operand. dtype
@@ -220,6 +226,14 @@ typedef struct tt_kernels {
    * NULL: the engine calls adamw per tensor. */
   tt_status (*adamw_multi)(int param_dtype, int grad_dtype, int k, const tt_adamw_tensor *ts, double lr, double beta1,
                            double beta2, double eps, double weight_decay);
+  /* adamw_multi with the scalars in device memory, read when the kernels
+   * run: decay[0] = f32(1 - lr * wd); pairs[2j], pairs[2j + 1] = tensor j's
+   * f32(-lr / bc1), f32(sqrt(bc2)). grad_scale: NULL or one double: each
+   * grad is first multiplied by it in f32 and rounded to grad_dtype.
+   * f32/bf16/f16 params and grads only. */
+  tt_status (*adamw_multi_dev)(int param_dtype, int grad_dtype, int k, const tt_adamw_tensor *ts, double beta1,
+                               double beta2, double eps, const float *decay, const float *pairs,
+                               const double *grad_scale);
   /* param (param_dtype), grad (grad_dtype), m, v, master: f32 (master may be NULL). */
   tt_status (*adamw)(int param_dtype, int grad_dtype, int64_t n, void *param, const void *grad, float *m, float *v,
                      float *master, double lr, double beta1, double beta2, double eps, double weight_decay,

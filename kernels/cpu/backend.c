@@ -67,6 +67,7 @@ static const tt_kernels tt_cpu_table = {
     .cross_entropy = tt_cpu_cross_entropy,
     .cross_entropy_backward = tt_cpu_cross_entropy_backward,
     .adamw = tt_cpu_adamw,
+    .adamw_multi_dev = tt_cpu_adamw_multi_dev,
 };
 
 const tt_kernels *tt_kernels_cpu(void) { return &tt_cpu_table; }

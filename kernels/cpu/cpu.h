@@ -84,5 +84,8 @@ tt_status tt_cpu_cross_entropy_backward(int dtype, int64_t N, int64_t V, const v
 tt_status tt_cpu_adamw(int param_dtype, int grad_dtype, int64_t n, void *param, const void *grad, float *m, float *v,
                        float *master, double lr, double beta1, double beta2, double eps, double weight_decay,
                        double bias_correction1, double bias_correction2);
+tt_status tt_cpu_adamw_multi_dev(int param_dtype, int grad_dtype, int k, const tt_adamw_tensor *ts, double beta1,
+                                 double beta2, double eps, const float *decay, const float *pairs,
+                                 const double *grad_scale);
 
 #endif

@@ -155,6 +155,54 @@ static void store_f32(void *x, int dt, const float *restrict in, int64_t lo, int
 
 static int dtype_ok(int dt) { return dt == TT_F32 || dt == TT_F64 || dt == TT_BF16 || dt == TT_F16; }
 
+/* The scalars that do not change from step to step. */
+static void adam_f32_scalars(adam_f32 *k, double beta1, double beta2, double eps) {
+  k->w = (float)(1.0 - beta1);
+  k->w_small = fabsf(k->w) < 0.5f;
+  k->w_coeff = k->w_small ? k->w : k->w - 1.0f;
+  k->b2 = (float)beta2;
+  k->c2 = (float)(1.0 - beta2);
+  k->eps = (float)eps;
+}
+
+/* The f32 path (every param dtype but f64 without master). grad_scale: the
+ * grad is first multiplied by f32(*grad_scale) and rounded to its dtype,
+ * as scaling the grad in place (tt_op_scale_multi) would leave it. */
+static void adamw_f32_run(const adam_f32 *kp, int param_dtype, int grad_dtype, int64_t n, void *param,
+                          const void *grad, float *m, float *v, float *master, const double *grad_scale) {
+  const adam_f32 k = *kp;
+  const int64_t nchunks = (n + CHUNK - 1) / CHUNK;
+  const float gs = grad_scale ? (float)*grad_scale : 1.0f;
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
+  for (int64_t c = 0; c < nchunks; c++) {
+    int64_t lo = c * CHUNK, cnt = n - lo < CHUNK ? n - lo : CHUNK;
+    float gb[CHUNK], pb[CHUNK];
+    const float *g = (const float *)grad + lo;
+    if (grad_dtype != TT_F32 || grad_scale) {
+      load_f32(gb, grad_dtype, grad, lo, cnt);
+      if (grad_scale) {
+        if (grad_dtype == TT_BF16)
+          for (int64_t i = 0; i < cnt; i++) gb[i] = tt_bf16_to_f32(tt_f32_to_bf16(gs * gb[i]));
+        else if (grad_dtype == TT_F16)
+          for (int64_t i = 0; i < cnt; i++) gb[i] = tt_f16_to_f32(tt_f32_to_f16(gs * gb[i]));
+        else
+          for (int64_t i = 0; i < cnt; i++) gb[i] = gs * gb[i];
+      }
+      g = gb;
+    }
+    if (master) {
+      adam_core_f32(&k, cnt, master + lo, g, m + lo, v + lo);
+      store_f32(param, param_dtype, master + lo, lo, cnt);
+    } else if (param_dtype == TT_F32) {
+      adam_core_f32(&k, cnt, (float *)param + lo, g, m + lo, v + lo);
+    } else {
+      load_f32(pb, param_dtype, param, lo, cnt);
+      adam_core_f32(&k, cnt, pb, g, m + lo, v + lo);
+      store_f32(param, param_dtype, pb, lo, cnt);
+    }
+  }
+}
+
 tt_status tt_cpu_adamw(int param_dtype, int grad_dtype, int64_t n, void *param, const void *grad, float *m, float *v,
                        float *master, double lr, double beta1, double beta2, double eps, double weight_decay,
                        double bias_correction1, double bias_correction2) {
@@ -188,34 +236,29 @@ tt_status tt_cpu_adamw(int param_dtype, int grad_dtype, int64_t n, void *param, 
   }
 
   adam_f32 k;
+  adam_f32_scalars(&k, beta1, beta2, eps);
   k.decay = (float)(1.0 - lr * weight_decay);
-  k.w = (float)(1.0 - beta1);
-  k.w_small = fabsf(k.w) < 0.5f;
-  k.w_coeff = k.w_small ? k.w : k.w - 1.0f;
-  k.b2 = (float)beta2;
-  k.c2 = (float)(1.0 - beta2);
   k.bc2_sqrt = (float)sqrt(bias_correction2);
-  k.eps = (float)eps;
   k.neg_step = (float)(-(lr / bias_correction1));
-#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
-  for (int64_t c = 0; c < nchunks; c++) {
-    int64_t lo = c * CHUNK, cnt = n - lo < CHUNK ? n - lo : CHUNK;
-    float gb[CHUNK], pb[CHUNK];
-    const float *g = (const float *)grad + lo;
-    if (grad_dtype != TT_F32) {
-      load_f32(gb, grad_dtype, grad, lo, cnt);
-      g = gb;
-    }
-    if (master) {
-      adam_core_f32(&k, cnt, master + lo, g, m + lo, v + lo);
-      store_f32(param, param_dtype, master + lo, lo, cnt);
-    } else if (param_dtype == TT_F32) {
-      adam_core_f32(&k, cnt, (float *)param + lo, g, m + lo, v + lo);
-    } else {
-      load_f32(pb, param_dtype, param, lo, cnt);
-      adam_core_f32(&k, cnt, pb, g, m + lo, v + lo);
-      store_f32(param, param_dtype, pb, lo, cnt);
-    }
+  adamw_f32_run(&k, param_dtype, grad_dtype, n, param, grad, m, v, master, NULL);
+  return TT_OK;
+}
+
+/* The step's scalars come from memory (kernels.h: adamw_multi_dev); on the
+ * CPU that is host memory, read now. */
+tt_status tt_cpu_adamw_multi_dev(int param_dtype, int grad_dtype, int k, const tt_adamw_tensor *ts, double beta1,
+                                 double beta2, double eps, const float *decay, const float *pairs,
+                                 const double *grad_scale) {
+  if (param_dtype == TT_F64 || grad_dtype == TT_F64 || !dtype_ok(param_dtype) || !dtype_ok(grad_dtype))
+    return TT_ERR_DTYPE;
+  adam_f32 kk;
+  adam_f32_scalars(&kk, beta1, beta2, eps);
+  kk.decay = decay[0];
+  for (int j = 0; j < k; j++) {
+    kk.neg_step = pairs[2 * j];
+    kk.bc2_sqrt = pairs[2 * j + 1];
+    adamw_f32_run(&kk, param_dtype, grad_dtype, ts[j].n, ts[j].param, ts[j].grad, ts[j].m, ts[j].v, ts[j].master,
+                  grad_scale);
   }
   return TT_OK;
 }

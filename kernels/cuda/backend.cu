@@ -295,6 +295,8 @@ static tt_kernels tt_cuda_table_make(void) {
   k.count_valid = tt_cuda_count_valid;
   k.adamw = tt_cuda_adamw;
   k.adamw_multi = tt_cuda_adamw_multi;
+  k.adamw_multi_dev = tt_cuda_adamw_multi_dev;
+  k.global_norm_dev = tt_cuda_global_norm_dev;
   /* pinned host memory, asynchronous snapshots (host.cu) */
   k.host_alloc = tt_cuda_host_alloc;
   k.host_free = tt_cuda_host_free;

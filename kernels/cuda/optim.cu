@@ -87,13 +87,16 @@ __device__ __forceinline__ void tt_adam_st(typename tt_ft<DT>::S *p, int64_t e, 
 }
 
 /* The f32 path over units [first, nu) of one tensor, every `stride`-th:
- * param of PDT (f32, bf16, f16; f64 only with master). */
+ * param of PDT (f32, bf16, f16; f64 only with master). scale_g: each grad
+ * is first multiplied by gs and rounded to GDT, which is what scaling the
+ * grad in place (tt_cuda_foreach_scale: tt_mul(alpha, x), stored) leaves. */
 template <int PDT, int GDT>
 __device__ __forceinline__ void tt_adamw_f32_units(const tt_adam_f32 &k, int64_t n, bool vec, int64_t first,
                                                    int64_t stride, typename tt_ft<PDT>::S *__restrict__ param,
                                                    const typename tt_ft<GDT>::S *__restrict__ grad,
                                                    float *__restrict__ m, float *__restrict__ v,
-                                                   float *__restrict__ master) {
+                                                   float *__restrict__ master, bool scale_g = false,
+                                                   float gs = 1.0f) {
   const int64_t nu = (n + TT_ADAM_UNIT - 1) / TT_ADAM_UNIT;
   for (int64_t u = first; u < nu; u += stride) {
     const int64_t e = u * TT_ADAM_UNIT;
@@ -102,6 +105,11 @@ __device__ __forceinline__ void tt_adamw_f32_units(const tt_adam_f32 &k, int64_t
     tt_adam_ld<TT_F32>(m, e, cnt, vec, mv);
     tt_adam_ld<TT_F32>(v, e, cnt, vec, vv);
     tt_adam_ld<GDT>(grad, e, cnt, vec, gv);
+    if (scale_g) {
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        gv[j] = (float)tt_ft<GDT>::ld(tt_ft<GDT>::st((typename tt_ft<GDT>::C)tt_mul(gs, gv[j])));
+    }
     if (master) tt_adam_ld<TT_F32>(master, e, cnt, vec, pv);
     else tt_adam_ld<PDT>(param, e, cnt, vec, pv);
 #pragma unroll
@@ -134,26 +142,45 @@ struct tt_adam_mt_tensor {
   int64_t n;
   float neg_step, bc2_sqrt;
   int vec;
+  int slot; /* DEV: this tensor's pair in a.pairs */
 };
 
+/* DEV (tt_cuda_adamw_multi_dev): the step's scalars are read from device
+ * memory when the kernel runs, so one captured launch serves every step of
+ * a CUDA graph: decay[0], pairs[2 slot] (neg_step), pairs[2 slot + 1]
+ * (bc2_sqrt), and the grads' scale (the clip coefficient) when given. */
 struct tt_adam_mt_args {
   int count;
   unsigned int first_block[TT_ADAMW_MULTI_MAX + 1];
   tt_adam_mt_tensor t[TT_ADAMW_MULTI_MAX];
+  const float *decay, *pairs;
+  const double *grad_scale;
 };
 
-template <int PDT, int GDT>
+template <int PDT, int GDT, bool DEV>
 __global__ void tt_adamw_mt_kernel(tt_adam_f32 k, const __grid_constant__ tt_adam_mt_args a) {
   int i = 0;
   while (i + 1 < a.count && a.first_block[i + 1] <= blockIdx.x) i++;
   const tt_adam_mt_tensor &d = a.t[i];
   tt_adam_f32 kk = k;
-  kk.neg_step = d.neg_step;
-  kk.bc2_sqrt = d.bc2_sqrt;
+  bool scale_g = false;
+  float gs = 1.0f;
+  if (DEV) {
+    kk.decay = a.decay[0];
+    kk.neg_step = a.pairs[2 * d.slot];
+    kk.bc2_sqrt = a.pairs[2 * d.slot + 1];
+    if (a.grad_scale) {
+      scale_g = true;
+      gs = (float)*a.grad_scale;
+    }
+  } else {
+    kk.neg_step = d.neg_step;
+    kk.bc2_sqrt = d.bc2_sqrt;
+  }
   const int64_t blocks = a.first_block[i + 1] - a.first_block[i];
   tt_adamw_f32_units<PDT, GDT>(kk, d.n, d.vec != 0, (int64_t)(blockIdx.x - a.first_block[i]) * blockDim.x + threadIdx.x,
                                blocks * blockDim.x, (typename tt_ft<PDT>::S *)d.param,
-                               (const typename tt_ft<GDT>::S *)d.grad, d.m, d.v, d.master);
+                               (const typename tt_ft<GDT>::S *)d.grad, d.m, d.v, d.master, scale_g, gs);
 }
 
 /* The f64 path (f64 param, no master). */
@@ -270,15 +297,64 @@ extern "C" tt_status tt_cuda_adamw(int param_dtype, int grad_dtype, int64_t n, v
   return TT_OK;
 }
 
-template <int PDT>
+template <int PDT, bool DEV>
 static void tt_adamw_mt_by_grad(int grad_dtype, unsigned int grid, const tt_adam_f32 &k, const tt_adam_mt_args &a,
                                 cudaStream_t s) {
   switch (grad_dtype) {
-    case TT_F32: tt_adamw_mt_kernel<PDT, TT_F32><<<grid, TT_CUDA_THREADS, 0, s>>>(k, a); break;
-    case TT_F64: tt_adamw_mt_kernel<PDT, TT_F64><<<grid, TT_CUDA_THREADS, 0, s>>>(k, a); break;
-    case TT_BF16: tt_adamw_mt_kernel<PDT, TT_BF16><<<grid, TT_CUDA_THREADS, 0, s>>>(k, a); break;
-    default: tt_adamw_mt_kernel<PDT, TT_F16><<<grid, TT_CUDA_THREADS, 0, s>>>(k, a); break;
+    case TT_F32: tt_adamw_mt_kernel<PDT, TT_F32, DEV><<<grid, TT_CUDA_THREADS, 0, s>>>(k, a); break;
+    case TT_F64: tt_adamw_mt_kernel<PDT, TT_F64, DEV><<<grid, TT_CUDA_THREADS, 0, s>>>(k, a); break;
+    case TT_BF16: tt_adamw_mt_kernel<PDT, TT_BF16, DEV><<<grid, TT_CUDA_THREADS, 0, s>>>(k, a); break;
+    default: tt_adamw_mt_kernel<PDT, TT_F16, DEV><<<grid, TT_CUDA_THREADS, 0, s>>>(k, a); break;
   }
+}
+
+/* The launch of k <= TT_ADAMW_MULTI_MAX tensors (empty ones skipped);
+ * with scalars (DEV), tensor j reads pairs[2j], pairs[2j + 1]. */
+template <bool DEV>
+static tt_status tt_adamw_mt_launch(int param_dtype, int grad_dtype, int count, const tt_adamw_tensor *ts,
+                                    const tt_adam_f32 &k, double lr, double beta1, double beta2, double eps,
+                                    double weight_decay, const float *decay, const float *pairs,
+                                    const double *grad_scale) {
+  int device;
+  cudaStream_t s;
+  tt_status st = tt_cuda_current(&device, &s);
+  if (st != TT_OK) return st;
+  tt_adam_mt_args a;
+  memset(&a, 0, sizeof a);
+  a.decay = decay;
+  a.pairs = pairs;
+  a.grad_scale = grad_scale;
+  unsigned int grid = 0;
+  for (int i = 0; i < count; i++) {
+    if (ts[i].n <= 0) continue;
+    tt_adam_mt_tensor &d = a.t[a.count];
+    d.param = ts[i].param;
+    d.grad = ts[i].grad;
+    d.m = ts[i].m;
+    d.v = ts[i].v;
+    d.master = ts[i].master;
+    d.n = ts[i].n;
+    d.slot = i;
+    if (!DEV) {
+      tt_adam_f32 ki = tt_adam_scalars(lr, beta1, beta2, eps, weight_decay, ts[i].bias_correction1,
+                                       ts[i].bias_correction2);
+      d.neg_step = ki.neg_step;
+      d.bc2_sqrt = ki.bc2_sqrt;
+    }
+    d.vec = tt_adam_vec_ok(param_dtype, grad_dtype, d.param, d.grad, d.m, d.v, d.master);
+    a.first_block[a.count] = grid;
+    grid += tt_cuda_blocks((d.n + TT_ADAM_UNIT - 1) / TT_ADAM_UNIT);
+    a.count++;
+  }
+  if (a.count == 0) return TT_OK;
+  a.first_block[a.count] = grid;
+  switch (param_dtype) {
+    case TT_F32: tt_adamw_mt_by_grad<TT_F32, DEV>(grad_dtype, grid, k, a, s); break;
+    case TT_BF16: tt_adamw_mt_by_grad<TT_BF16, DEV>(grad_dtype, grid, k, a, s); break;
+    default: tt_adamw_mt_by_grad<TT_F16, DEV>(grad_dtype, grid, k, a, s); break;
+  }
+  TT_CUDA_CHECK_LAUNCH("tt_adamw_mt_kernel");
+  return TT_OK;
 }
 
 extern "C" tt_status tt_cuda_adamw_multi(int param_dtype, int grad_dtype, int count, const tt_adamw_tensor *ts,
@@ -298,39 +374,23 @@ extern "C" tt_status tt_cuda_adamw_multi(int param_dtype, int grad_dtype, int co
     }
     return TT_OK;
   }
-  int device;
-  cudaStream_t s;
-  tt_status st = tt_cuda_current(&device, &s);
-  if (st != TT_OK) return st;
   tt_adam_f32 k = tt_adam_scalars(lr, beta1, beta2, eps, weight_decay, 1.0, 1.0);
-  tt_adam_mt_args a;
-  memset(&a, 0, sizeof a);
-  unsigned int grid = 0;
-  for (int i = 0; i < count; i++) {
-    if (ts[i].n <= 0) continue;
-    tt_adam_mt_tensor &d = a.t[a.count];
-    d.param = ts[i].param;
-    d.grad = ts[i].grad;
-    d.m = ts[i].m;
-    d.v = ts[i].v;
-    d.master = ts[i].master;
-    d.n = ts[i].n;
-    tt_adam_f32 ki = tt_adam_scalars(lr, beta1, beta2, eps, weight_decay, ts[i].bias_correction1,
-                                     ts[i].bias_correction2);
-    d.neg_step = ki.neg_step;
-    d.bc2_sqrt = ki.bc2_sqrt;
-    d.vec = tt_adam_vec_ok(param_dtype, grad_dtype, d.param, d.grad, d.m, d.v, d.master);
-    a.first_block[a.count] = grid;
-    grid += tt_cuda_blocks((d.n + TT_ADAM_UNIT - 1) / TT_ADAM_UNIT);
-    a.count++;
-  }
-  if (a.count == 0) return TT_OK;
-  a.first_block[a.count] = grid;
-  switch (param_dtype) {
-    case TT_F32: tt_adamw_mt_by_grad<TT_F32>(grad_dtype, grid, k, a, s); break;
-    case TT_BF16: tt_adamw_mt_by_grad<TT_BF16>(grad_dtype, grid, k, a, s); break;
-    default: tt_adamw_mt_by_grad<TT_F16>(grad_dtype, grid, k, a, s); break;
-  }
-  TT_CUDA_CHECK_LAUNCH("tt_adamw_mt_kernel");
-  return TT_OK;
+  return tt_adamw_mt_launch<false>(param_dtype, grad_dtype, count, ts, k, lr, beta1, beta2, eps, weight_decay, NULL,
+                                   NULL, NULL);
+}
+
+extern "C" tt_status tt_cuda_adamw_multi_dev(int param_dtype, int grad_dtype, int count, const tt_adamw_tensor *ts,
+                                             double beta1, double beta2, double eps, const float *decay,
+                                             const float *pairs, const double *grad_scale) {
+  if (param_dtype == TT_F64 || grad_dtype == TT_F64 || !tt_adam_dtype_ok(param_dtype) ||
+      !tt_adam_dtype_ok(grad_dtype))
+    return tt_error_set(TT_ERR_DTYPE, "cuda adamw_multi_dev: param dtype %d, grad dtype %d (expected f32, bf16 or f16)",
+                        param_dtype, grad_dtype);
+  if (count < 0 || count > TT_ADAMW_MULTI_MAX)
+    return tt_error_set(TT_ERR_INVALID, "cuda adamw_multi_dev: %d tensors (at most %d per call)", count,
+                        TT_ADAMW_MULTI_MAX);
+  /* lr = 1, bias corrections = 1: placeholders for what the kernel reads */
+  tt_adam_f32 k = tt_adam_scalars(1.0, beta1, beta2, eps, 0.0, 1.0, 1.0);
+  return tt_adamw_mt_launch<true>(param_dtype, grad_dtype, count, ts, k, 0, beta1, beta2, eps, 0, decay, pairs,
+                                  grad_scale);
 }

@@ -634,6 +634,23 @@ static tt_status tt_sumsq_run(cudaStream_t s, const tt_sumsq_args &a, double *pa
   return TT_OK;
 }
 
+/* Appends a tensor of n elements to a: its segments (a function of n
+ * only, so its partial sums and their order are too) start at *segs. */
+static void tt_sumsq_plan(int64_t n, tt_sumsq_args *a, unsigned int *segs, const void *x) {
+  int64_t nseg = 0, L = 0;
+  if (n > 0) {
+    nseg = tt_cdiv(n, 16384);
+    if (nseg > TT_SUMSQ_MAX_SEGS) nseg = TT_SUMSQ_MAX_SEGS;
+    L = (tt_cdiv(n, nseg) + 7) / 8 * 8;
+    nseg = tt_cdiv(n, L);
+  }
+  a->x[a->count] = x;
+  a->n[a->count] = n > 0 ? n : 0;
+  a->L[a->count] = L;
+  a->first_seg[a->count++] = *segs;
+  *segs += (unsigned int)nseg;
+}
+
 /* The sums of squares of k tensors with one read-back for all: runs of
  * consecutive tensors of one dtype (up to TT_FOREACH_MAX) take two
  * launches each; every result lands in its own workspace slot after the
@@ -663,19 +680,7 @@ extern "C" tt_status tt_cuda_sumsq_many(int k, const int *dtypes, const int64_t 
       unsigned int segs = 0;
       const int first = i;
       while (i < batch && a.count < TT_FOREACH_MAX && dtypes[done + i] == dt) {
-        const int64_t n = ns[done + i];
-        int64_t nseg = 0, L = 0;
-        if (n > 0) {
-          nseg = tt_cdiv(n, 16384);
-          if (nseg > TT_SUMSQ_MAX_SEGS) nseg = TT_SUMSQ_MAX_SEGS;
-          L = (tt_cdiv(n, nseg) + 7) / 8 * 8;
-          nseg = tt_cdiv(n, L);
-        }
-        a.x[a.count] = xs[done + i];
-        a.n[a.count] = n > 0 ? n : 0;
-        a.L[a.count] = L;
-        a.first_seg[a.count++] = segs;
-        segs += (unsigned int)nseg;
+        tt_sumsq_plan(ns[done + i], &a, &segs, xs[done + i]);
         i++;
       }
       a.first_seg[a.count] = segs;
@@ -691,6 +696,63 @@ extern "C" tt_status tt_cuda_sumsq_many(int k, const int *dtypes, const int64_t 
     TT_CUDA_CHECK(cudaStreamSynchronize(s));
     done += batch;
   }
+  return TT_OK;
+}
+
+/* One thread adds the slots in tensor order, as tt_op_global_norm adds the
+ * read-back sums on the host, and derives the clip coefficient as the
+ * trainer does (max_norm / (norm + 1e-6) when norm > max_norm > 0). */
+__global__ void tt_global_norm_fold(int k, const double *slots, double max_norm, double *out) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  double total = 0.0;
+  for (int i = 0; i < k; i++) total = __dadd_rn(total, slots[i]);
+  const double norm = __dsqrt_rn(total);
+  out[0] = norm;
+  out[1] = max_norm > 0 && norm > max_norm ? __ddiv_rn(max_norm, __dadd_rn(norm, 1e-6)) : 1.0;
+}
+
+/* sumsq_many's launches with the slots left in the workspace, then the
+ * fold: nothing waits, so a CUDA graph can capture it. */
+extern "C" tt_status tt_cuda_global_norm_dev(int k, const int *dtypes, const int64_t *ns, const void *const *xs,
+                                             double max_norm, double *out) {
+  for (int i = 0; i < k; i++)
+    if (!tt_reduce_dtype_ok(dtypes[i]))
+      return tt_error_set(TT_ERR_DTYPE, "cuda global_norm: dtype %d not supported (f32, f64, bf16, f16)", dtypes[i]);
+  if (k <= 0) return TT_OK;
+  const int64_t part_len = (int64_t)TT_FOREACH_MAX * TT_SUMSQ_MAX_SEGS;
+  const int64_t max_slots = (int64_t)(TT_CUDA_WORKSPACE / sizeof(double)) - part_len;
+  if (k > max_slots)
+    return tt_error_set(TT_ERR_INVALID, "cuda global_norm: %d tensors (at most %lld on the device)", k,
+                        (long long)max_slots);
+  int device;
+  cudaStream_t s;
+  tt_status st = tt_cuda_current(&device, &s);
+  if (st != TT_OK) return st;
+  std::unique_lock<std::mutex> hold;
+  void *ws;
+  if ((st = tt_cuda_workspace(device, &ws, &hold)) != TT_OK) return st;
+  double *part = (double *)ws, *slots = part + part_len;
+  for (int i = 0; i < k;) {
+    const int dt = dtypes[i];
+    tt_sumsq_args a;
+    memset(&a, 0, sizeof a);
+    unsigned int segs = 0;
+    const int first = i;
+    while (i < k && a.count < TT_FOREACH_MAX && dtypes[i] == dt) {
+      tt_sumsq_plan(ns[i], &a, &segs, xs[i]);
+      i++;
+    }
+    a.first_seg[a.count] = segs;
+    switch (dt) {
+      case TT_F32: st = tt_sumsq_run<TT_F32>(s, a, part, slots + first); break;
+      case TT_F64: st = tt_sumsq_run<TT_F64>(s, a, part, slots + first); break;
+      case TT_BF16: st = tt_sumsq_run<TT_BF16>(s, a, part, slots + first); break;
+      default: st = tt_sumsq_run<TT_F16>(s, a, part, slots + first); break;
+    }
+    if (st != TT_OK) return st;
+  }
+  tt_global_norm_fold<<<1, 32, 0, s>>>(k, slots, max_norm, out);
+  TT_CUDA_CHECK_LAUNCH("tt_global_norm_fold");
   return TT_OK;
 }
 

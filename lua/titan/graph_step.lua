@@ -6,11 +6,18 @@
 -- backward of one micro-batch are captured once into a CUDA graph; every
 -- micro-batch after that is a copy of its tokens into the graph's static
 -- inputs and one replay, which accumulates into the same .grad buffers as
--- the eager step. Clipping and the optimizer step run eagerly after it.
+-- the eager step. The update after it (gradient norm and clipping, AdamW,
+-- zeroing the gradients) is a second graph: its kernels read the learning
+-- rate, bias corrections and clip coefficient from device memory, which
+-- the host rewrites before each replay (AdamW:prepare_device_step), so
+-- one capture serves every step and the norm is read back only for the
+-- steps that log it. Both give the eager step's bits.
 --
---   step 1            eager: cuDNN plans, cuBLASLt algorithms and .grad
---                     buffers are created (none of that can be captured)
---   step 2            capture, then replay every micro-batch
+--   step 1            eager: cuDNN plans, cuBLASLt algorithms, .grad
+--                     buffers and optimizer state are created (none of
+--                     that can be captured)
+--   step 2            capture both, then replay every micro-batch and
+--                     the update
 --   later steps       replay
 -- A micro-batch whose shapes (or the step's token count, which the loss
 -- divides by) differ from the captured ones runs eagerly, as does every
@@ -21,6 +28,7 @@
 local titan = require("titan")
 local memory = require("titan.memory")
 local cuda_graph = require("titan.cuda_graph")
+local ops = require("titan.ops")
 
 local M = {}
 
@@ -108,6 +116,73 @@ function M.step(tr, step)
   return trainer.run_micro_batches(tr, batches, ctx), num_tokens
 end
 
+-- ---- the update graph ----------------------------------------------------
+
+local function grads_of(params)
+  local grads = {}
+  for _, p in ipairs(params) do
+    if p.grad then grads[#grads + 1] = p.grad end
+  end
+  return grads
+end
+
+local function drop_update(gs)
+  if gs.update then gs.update:free() end
+  if gs.plan then gs.optimizer:free_device_plan(gs.plan) end
+  if gs.norm_clip then gs.norm_clip:free() end
+  gs.update, gs.plan, gs.norm_clip = nil, nil, nil
+end
+
+local function capture_update(tr, gs, params)
+  local opt = tr.optimizer
+  local function fail(why)
+    drop_update(gs)
+    gs.update_failed = true
+    say_once(gs, "update failed", "the update (clip, optimizer step, zero_grad) stays eager: " .. why)
+  end
+  if type(opt.device_plan) ~= "function" then return fail("the optimizer has no device step") end
+  local grads = grads_of(params)
+  if #grads == 0 then return fail("no parameter has a gradient") end
+  gs.optimizer = opt
+  local plan, why = opt:device_plan()
+  if not plan then return fail(why) end
+  gs.plan = plan
+  gs.norm_clip = memory.keep(titan.zeros({ 2 }, { dtype = "float64", device = tr.device }))
+  local max_norm = tr.cfg.training.max_norm
+  local clip = max_norm and max_norm > 0
+  local g
+  g, why = cuda_graph.capture(tr.device, function()
+    ops.global_norm_dev_(grads, clip and max_norm or 0, gs.norm_clip)
+    opt:launch_device_step(plan, clip and gs.norm_clip or nil)
+    ops.fill_multi_(grads, 0)
+  end)
+  if not g then return fail(why) end
+  gs.update, gs.ngrads = g, #grads
+  say_once(gs, "update captured", ("captured the update of %d gradients: %d nodes"):format(#grads, g.num_nodes))
+end
+
+-- The trainer's update (Trainer:update) from the second graph: returns a
+-- function that reads this step's gradient norm back.
+function M.update(tr, params)
+  local gs = tr.graph_state
+  if gs.update and #grads_of(params) ~= gs.ngrads then
+    say_once(gs, "update other", "the set of parameters with gradients changed: the update runs eagerly from now on")
+    drop_update(gs)
+    gs.update_failed = true
+  end
+  if not gs.update and not gs.update_failed then
+    if not gs.update_warm then
+      gs.update_warm = true -- this step's eager update creates the optimizer state
+    else
+      capture_update(tr, gs, params)
+    end
+  end
+  if not gs.update then return getmetatable(tr).update(tr, params) end
+  tr.optimizer:prepare_device_step(gs.plan)
+  gs.update:replay()
+  return function() return gs.norm_clip:tolist_flat()[1] end
+end
+
 -- Called by the trainer when training.cuda_graphs is on.
 function M.enable(tr, cfg)
   local say = function(line) tr.print("trainer: cuda graphs: " .. line) end
@@ -118,6 +193,7 @@ function M.enable(tr, cfg)
   else
     tr.graph_state = { said = {}, print = tr.print }
     tr.train_step = M.step
+    tr.update = M.update
   end
 end
 
@@ -126,6 +202,7 @@ function M.release(tr)
   if gs.graph then gs.graph:free() end
   if gs.inputs then gs.inputs:free(); gs.targets:free() end
   gs.graph, gs.inputs, gs.targets = nil, nil, nil
+  drop_update(gs)
 end
 
 return M

@@ -666,4 +666,39 @@ function M.global_norm(ts)
   return norm_out[0]
 end
 
+-- The optimizer step with its per-step numbers in device memory, which a
+-- CUDA graph can capture once (see tt_op_adamw_multi_dev in titan.h):
+--   global_norm_dev_(grads, max_norm, out)  out (f64 {2}) = {norm, clip coefficient}
+--   adamw_scalars(entries, hp) -> f32 CPU tensor {1 + 2n} of the step's scalars
+--   adamw_multi_dev_(entries, hp, scalars, norm_clip)  entries as adamw_multi_
+function M.global_norm_dev_(ts, max_norm, out)
+  check(C.tt_op_global_norm_dev(#ts, tensor_array(ts), max_norm or 0, cptr(out)), 2)
+  return out
+end
+
+function M.adamw_scalars(entries, hp)
+  local n = #entries
+  local b = hp.betas or { 0.9, 0.999 }
+  local steps = ffi.new("int64_t[?]", math.max(n, 1))
+  for i, e in ipairs(entries) do steps[i - 1] = e[6] end
+  local out = tensor.empty({ 1 + 2 * n }, { dtype = "float32", device = "cpu" })
+  check(C.tt_adamw_scalars(n, hp.lr, b[1], b[2], hp.weight_decay or 0, steps,
+    ffi.cast("float*", C.tt_tensor_data(cptr(out)))), 2)
+  return out
+end
+
+function M.adamw_multi_dev_(entries, hp, scalars, norm_clip)
+  local n = #entries
+  local b = hp.betas or { 0.9, 0.999 }
+  local k = math.max(n, 1)
+  local P, G, Mm, V, W = ffi.new("tt_tensor*[?]", k), ffi.new("tt_tensor*[?]", k), ffi.new("tt_tensor*[?]", k),
+    ffi.new("tt_tensor*[?]", k), ffi.new("tt_tensor*[?]", k)
+  for i, e in ipairs(entries) do
+    P[i - 1], G[i - 1], Mm[i - 1], V[i - 1] = cptr(e[1]), cptr(e[2]), cptr(e[3]), cptr(e[4])
+    W[i - 1] = e[5] and cptr(e[5]) or nil
+  end
+  check(C.tt_op_adamw_multi_dev(n, P, G, Mm, V, W, b[1], b[2], hp.eps or 1e-8, cptr(scalars),
+    norm_clip and cptr(norm_clip) or nil), 2)
+end
+
 return M

@@ -53,13 +53,13 @@ function AdamW:lr(group)
   return self.groups[group or #self.groups].lr * (self.lr_factor or 1)
 end
 
--- One step over every parameter that has a gradient. Optimizer state (f32
--- moments; an f32 master copy for bf16 parameters) is created on first use
--- and kept outside every scope. The parameters of a group on one device go
--- to one multi-tensor update (a few kernel launches instead of one per
--- parameter), in parameter order.
-function AdamW:step()
-  self.step_count = self.step_count + 1
+-- The parameters that have a gradient, batched as one step updates them:
+-- a group's parameters on one device form one multi-tensor update, in
+-- parameter order. Optimizer state (f32 moments; an f32 master copy for
+-- bf16 parameters) is created on first use and kept outside every scope.
+-- Each entry is {param, grad, exp_avg, exp_avg_sq, master, step}, and
+-- entries.states[i] the state whose step it reads.
+function AdamW:batches()
   local batches, order = {}, {}
   for _, e in ipairs(self.params) do
     local p = e.param
@@ -74,21 +74,80 @@ function AdamW:step()
         if p:dtype() == "bfloat16" then st.master = memory.keep(p:to("float32")) end
         self.state[e.name] = st
       end
-      st.step = st.step + 1
       local key = e.group .. "|" .. p:device()
       local b = batches[key]
       if not b then
-        b = { group = e.group }
+        b = { group = e.group, device = p:device(), states = {} }
         batches[key] = b
         order[#order + 1] = b
       end
       b[#b + 1] = { p, p.grad, st.exp_avg, st.exp_avg_sq, st.master, st.step }
+      b.states[#b] = st
     end
   end
+  return order
+end
+
+-- Counts a step: the optimizer's and each batched parameter's.
+local function count_step(self, order)
+  self.step_count = self.step_count + 1
   for _, b in ipairs(order) do
-    local g = self.groups[b.group]
-    ops.adamw_multi_(b, { lr = g.lr * (self.lr_factor or 1), betas = g.betas, eps = g.eps,
-      weight_decay = g.weight_decay })
+    for i, st in ipairs(b.states) do
+      st.step = st.step + 1
+      b[i][6] = st.step
+    end
+  end
+end
+
+function AdamW:group_hp(b)
+  local g = self.groups[b.group]
+  return { lr = g.lr * (self.lr_factor or 1), betas = g.betas, eps = g.eps, weight_decay = g.weight_decay }
+end
+
+-- One step over every parameter that has a gradient: a few kernel launches
+-- per group and device.
+function AdamW:step()
+  local order = self:batches()
+  count_step(self, order)
+  for _, b in ipairs(order) do ops.adamw_multi_(b, self:group_hp(b)) end
+end
+
+-- The same step split for a CUDA graph (titan.graph_step), with the same
+-- bits: device_plan() fixes the batches and gives each a device tensor for
+-- its scalars; each step, prepare_device_step(plan) counts the step and
+-- writes this step's learning rates and bias corrections there (host), and
+-- launch_device_step(plan, norm_clip) queues the kernels, which read them
+-- from there (capturable). norm_clip: global_norm_dev_'s output, to clip
+-- by, or nil. Returns nil and why when a parameter's dtypes need the host
+-- step (float64).
+function AdamW:device_plan()
+  local order = self:batches()
+  for _, b in ipairs(order) do
+    for _, e in ipairs(b) do
+      for _, t in ipairs({ e[1], e[2] }) do
+        if t:dtype() == "float64" then return nil, "float64 parameters or gradients take the host step" end
+      end
+    end
+    b.scalars = memory.keep(tensor.empty({ 1 + 2 * #b }, { dtype = "float32", device = b.device }))
+  end
+  return { batches = order, nparams = #self.params }
+end
+
+function AdamW:prepare_device_step(plan)
+  count_step(self, plan.batches)
+  memory.scope(function()
+    for _, b in ipairs(plan.batches) do b.scalars:copy_(ops.adamw_scalars(b, self:group_hp(b))) end
+  end)
+end
+
+function AdamW:launch_device_step(plan, norm_clip)
+  for _, b in ipairs(plan.batches) do ops.adamw_multi_dev_(b, self:group_hp(b), b.scalars, norm_clip) end
+end
+
+function AdamW:free_device_plan(plan)
+  for _, b in ipairs(plan.batches) do
+    if b.scalars then b.scalars:free() end
+    b.scalars = nil
   end
 end
 

@@ -222,6 +222,18 @@ function Trainer:validate()
   return ntok > 0 and total / ntok or nil
 end
 
+-- After the gradients of a step: clip them, step the optimizer, zero them.
+-- Returns the gradient norm before clipping. (titan.graph_step replaces it
+-- with a replay of the same three, which returns a function reading the
+-- norm back.)
+function Trainer:update(params)
+  local grad_norm = optim.clip_grad_norm(params, self.cfg.training.max_norm)
+  self.optimizer:step()
+  -- A captured graph accumulates into these very buffers: zero, keep them.
+  self.optimizer:zero_grad({ set_to_none = self.graph_state == nil })
+  return grad_norm
+end
+
 -- Run steps until training.steps (or `until_step`). Returns the list of losses.
 function Trainer:train(until_step)
   local cfg, t = self.cfg, self.cfg.training
@@ -233,15 +245,13 @@ function Trainer:train(until_step)
     local factor = self.schedule.factor(step)
     self.optimizer:set_lr_factor(factor)
     local loss, ntok = self:train_step(step)
-    local grad_norm = optim.clip_grad_norm(params, t.max_norm)
-    self.optimizer:step()
-    -- A captured graph accumulates into these very buffers: zero, keep them.
-    self.optimizer:zero_grad({ set_to_none = self.graph_state == nil })
+    local grad_norm = self:update(params)
     self.step = step
     losses[#losses + 1] = loss
     self.logger:add_tokens(ntok / self.world)
     if loss ~= loss then error(("trainer: loss is NaN at step %d"):format(step), 0) end
     if step % cfg.metrics.log_freq == 0 or step == 1 or step == last then
+      if type(grad_norm) == "function" then grad_norm = grad_norm() end -- read back only when logged
       self.logger:log_step({ step = step, loss = loss, grad_norm = grad_norm, lr = self.optimizer:lr() })
     end
     if cfg.validation.enable and step % cfg.validation.freq == 0 then self:validate() end

@@ -3,8 +3,9 @@
 -- cleanly (nil and the reason) and leaves the device usable and its memory
 -- as it was; a small Llama 3's forward + backward replayed accumulates the
 -- eager gradients bit for bit; replays do not grow memory and freeing the
--- graph returns its pool; the trainer with training.cuda_graphs gives the
--- eager run's losses (f32 exactly; bf16 exactly in deterministic mode).
+-- graph returns its pool; the trainer with training.cuda_graphs (forward +
+-- backward and the update, clipping active, each a graph) gives the eager
+-- run's losses (f32 exactly; bf16 exactly in deterministic mode).
 -- Exits 77 without a GPU (helpers.lua); the graph step's bookkeeping is also
 -- checked without a GPU by tests/lua/cuda_graph_spec.lua.
 package.path = "./tests/cuda/?.lua;" .. package.path
@@ -143,6 +144,7 @@ describe("cuda graphs", function()
     local graphed, log = train({ "--training.cuda_graphs=true" }, 6)
     io.stderr:write("\n  " .. log:gsub("\n", "\n  ") .. "\n")
     assert.truthy(log:find("captured forward + backward", 1, true), log)
+    assert.truthy(log:find("captured the update of", 1, true), log) -- clip + AdamW + zero_grad: a graph too
     assert.are.same(eager, graphed)
   end)
 
@@ -153,6 +155,7 @@ describe("cuda graphs", function()
     for _, a in ipairs(extra) do with[#with + 1] = a end
     local graphed, log = train(with, 6)
     assert.truthy(log:find("captured forward + backward", 1, true), log)
+    assert.truthy(log:find("captured the update of", 1, true), log) -- clip + AdamW + zero_grad: a graph too
     assert.are.same(eager, graphed)
   end)
 end)

@@ -657,6 +657,65 @@ describe("cuda ops: adamw", function()
       if multi[i].master then H.check_exact(multi[i].master, single[i].master, what .. " master") end
     end
   end))
+
+  -- The update a CUDA graph captures (graph_step): the norm and clip
+  -- coefficient computed on the device, the step's scalars read from device
+  -- memory, the grads scaled inside the update. Same bits as the eager
+  -- update (global_norm, scale_multi, adamw_multi), for f32 params and bf16
+  -- params with masters and bf16 grads (the mixed-precision step), with
+  -- different step counts and misaligned views; the grads stay unscaled.
+  it("the device-scalar update equals global_norm + scale_multi + adamw_multi, bit for bit", H.scoped(function()
+    local sizes, specs = { 1, 5, 256, 1023, 70001 }, {}
+    for i = 1, 40 do
+      local bf = H.ON_GPU and i > 34
+      specs[i] = { n = sizes[(i - 1) % #sizes + 1], pdt = bf and "bfloat16" or "float32", skew = i % 4 == 1,
+        step = 2 + i % 3 }
+    end
+    local function make()
+      local out = {}
+      for i, sp in ipairs(specs) do
+        local base = H.randn({ sp.n + 1 }, 1500 + i, sp.pdt):to(H.DEV)
+        local p = sp.skew and base:narrow(1, 2, sp.n) or base:narrow(1, 1, sp.n):contiguous()
+        local e = { p = p, g = H.randn({ sp.n }, 1600 + i, sp.pdt):to(H.DEV),
+          m = H.randn({ sp.n }, 1700 + i, "float32"):to(H.DEV), v = H.positive({ sp.n }, 1800 + i, "float32"):to(H.DEV) }
+        if sp.pdt == "bfloat16" then e.master = p:to("float32") end
+        out[i] = e
+      end
+      return out
+    end
+    local hp = { lr = 1e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 }
+    for _, max_norm in ipairs({ 1.0, 1e9 }) do -- clipping, and not
+      local eager, dev = make(), make()
+      local eg, dg, entries_e, entries_d = {}, {}, {}, {}
+      for i = 1, #specs do
+        eg[i], dg[i] = eager[i].g, dev[i].g
+        entries_e[i] = { eager[i].p, eager[i].g, eager[i].m, eager[i].v, eager[i].master, specs[i].step }
+        entries_d[i] = { dev[i].p, dev[i].g, dev[i].m, dev[i].v, dev[i].master, specs[i].step }
+      end
+      local norm = titan.ops.global_norm(eg)
+      if norm > max_norm then titan.ops.scale_multi_(eg, max_norm / (norm + 1e-6)) end
+      -- one call per dtype run, as the optimizer's batches would be
+      titan.ops.adamw_multi_(entries_e, hp)
+      local nc = titan.zeros({ 2 }, { dtype = "float64" }):to(H.DEV)
+      titan.ops.global_norm_dev_(dg, max_norm, nc)
+      local scal = titan.ops.adamw_scalars(entries_d, hp):to(H.DEV)
+      titan.ops.adamw_multi_dev_(entries_d, hp, scal, max_norm < 1e9 and nc or nil)
+      H.sync()
+      local got = nc:to("cpu"):tolist()
+      assert.are.equal(norm, got[1], "norm")
+      assert.are.equal(norm > max_norm and max_norm / (norm + 1e-6) or 1, got[2], "clip coefficient")
+      for i = 1, #specs do
+        local what = ("max_norm %g, tensor %d (n %d, %s%s)"):format(max_norm, i, specs[i].n, specs[i].pdt,
+          specs[i].skew and ", misaligned" or "")
+        H.check_exact(dev[i].p, eager[i].p, what .. " param")
+        H.check_exact(dev[i].m, eager[i].m, what .. " exp_avg")
+        H.check_exact(dev[i].v, eager[i].v, what .. " exp_avg_sq")
+        if dev[i].master then H.check_exact(dev[i].master, eager[i].master, what .. " master") end
+      end
+      local fresh = make()
+      for i = 1, #specs do H.check_exact(dev[i].g, fresh[i].g, "grad " .. i .. " left unscaled") end
+    end
+  end))
 end)
 
 describe("cuda ops: casts (copies with conversion, fp8 included)", function()

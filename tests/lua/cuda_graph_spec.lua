@@ -80,8 +80,56 @@ describe("cuda graphs without a GPU", function()
     local l = log_has(lines, "captured forward %+ backward of one micro%-batch")
     assert.truthy(l, table.concat(lines, "\n"))
     assert.truthy(l:find("2x32 int64 | 2x32 int64 | 128", 1, true), l)
+    assert.truthy(log_has(lines, "captured the update of %d+ gradients"), table.concat(lines, "\n"))
     assert.are.same(eager, graphed)
     same_weights(w_eager, w_graphed)
+  end)
+
+  -- The update graph reads the step's scalars from device memory: with
+  -- clipping that bites at every step and a warm-up that changes the
+  -- learning rate at every step, the losses, logged gradient norms and
+  -- weights still match the eager step. (bf16 parameters, which the CPU
+  -- cannot train, are checked op by op in optim_dev_spec.lua and on a GPU
+  -- by tests/cuda/graph_spec.lua.)
+  for _, dtype in ipairs({ "float32" }) do
+    it("the update graph (emulated) clips and steps as the eager update, " .. dtype .. " params", function()
+      local opts = { "--training.max_norm=0.05", "--lr_scheduler.warmup_steps=4", "--metrics.log_freq=1",
+        "--training.mixed_precision_param=" .. dtype }
+      local r, a = cfg_of(opts)
+      local eager, lines_e, w_eager = run(r, a, 6)
+      cuda_graph.emulate = true
+      local r2, a2 = cfg_of(opts)
+      a2[#a2 + 1] = "--training.cuda_graphs=true"
+      local graphed, lines, w_graphed = run(r2, a2, 6)
+      assert.truthy(log_has(lines, "captured the update of %d+ gradients"), table.concat(lines, "\n"))
+      assert.are.same(eager, graphed)
+      same_weights(w_eager, w_graphed)
+      local function norms(ls)
+        local out = {}
+        for _, l in ipairs(ls) do
+          local v = l:match("grad_norm:%s+([%d%.e+-]+)")
+          if v then out[#out + 1] = v end
+        end
+        return out
+      end
+      local ne = norms(lines_e)
+      assert.are.equal(6, #ne, table.concat(lines_e, "\n"))
+      assert.are.same(ne, norms(lines))
+      assert.is_true(tonumber(ne[6]) > 0.05) -- clipping was active
+    end)
+  end
+
+  it("float64 parameters keep the eager update, said once, and still train the same", function()
+    local opts = { "--training.mixed_precision_param=float64" }
+    local r, a = cfg_of(opts)
+    local eager = run(r, a, 3)
+    cuda_graph.emulate = true
+    local r2, a2 = cfg_of(opts)
+    a2[#a2 + 1] = "--training.cuda_graphs=true"
+    local graphed, lines = run(r2, a2, 3)
+    assert.truthy(log_has(lines, "the update %(clip, optimizer step, zero_grad%) stays eager: float64"),
+      table.concat(lines, "\n"))
+    assert.are.same(eager, graphed)
   end)
 
   it("a batch of another shape runs eagerly (said once) and the run still matches", function()
