@@ -2,7 +2,7 @@
  * dist_nccl.c — the "nccl" collectives backend (CUDA tensors).
  *
  * Each group holds an NCCL communicator on the group's device. Collectives
- * run on the device's communication stream so they overlap compute; two
+ * run on the device's communication stream (no host wait); two
  * events fence them: the comm stream waits for the compute stream's work
  * that produced the input, and the compute stream waits for the collective
  * before anything reads the output. Only compiled with TITAN_CUDA.
@@ -79,6 +79,8 @@ static tt_status events_new(tt_nccl *n) {
   return TT_OK;
 }
 
+static void nccl_destroy(tt_group *g);
+
 static tt_status nccl_init(tt_group *g, const uint8_t *id, size_t id_len) {
   if (!id || id_len != sizeof(ncclUniqueId))
     return tt_error_set(TT_ERR_INVALID, "nccl: a %zu-byte unique id from rank 0 is required, got %zu bytes",
@@ -95,7 +97,9 @@ static tt_status nccl_init(tt_group *g, const uint8_t *id, size_t id_len) {
                         ncclGetErrorString(r));
   }
   g->impl = n;
-  return events_new(n);
+  tt_status st = events_new(n);
+  if (st != TT_OK) nccl_destroy(g); /* the caller frees g without calling destroy */
+  return st;
 }
 
 static void nccl_destroy(tt_group *g) {
@@ -110,6 +114,7 @@ static void nccl_destroy(tt_group *g) {
 }
 
 static tt_status nccl_split(tt_group *g, int color, int key, tt_group *out) {
+  CUDA_TRY(cudaSetDevice(g->device)); /* the events and scratch below live on the group's device */
   tt_nccl *n = calloc(1, sizeof *n);
   if (!n) return tt_error_set(TT_ERR_OOM, "nccl: out of host memory");
   ncclResult_t r = ncclCommSplit(impl(g)->comm, color, key, &n->comm, NULL);
@@ -123,7 +128,9 @@ static tt_status nccl_split(tt_group *g, int color, int key, tt_group *out) {
   out->rank = rank;
   out->size = size;
   out->impl = n;
-  return events_new(n);
+  tt_status st = events_new(n);
+  if (st != TT_OK) nccl_destroy(out);
+  return st;
 }
 
 /* Fence in: the comm stream waits for the compute stream. */
@@ -194,11 +201,21 @@ static tt_status nccl_all_to_all(tt_group *g, const tt_tensor *in, tt_tensor *ou
   const char *src = tt_tensor_data(in);
   char *dst = tt_tensor_data(out);
   NCCL_TRY(ncclGroupStart());
-  for (int r = 0; r < g->size; r++) {
-    NCCL_TRY(ncclSend(src + (size_t)r * chunk * esz, chunk, dt, r, impl(g)->comm, s));
-    NCCL_TRY(ncclRecv(dst + (size_t)r * chunk * esz, chunk, dt, r, impl(g)->comm, s));
+  /* The group is always closed, even when a call in it fails: an open
+   * group would swallow every later NCCL call of this thread. */
+  ncclResult_t r_ = ncclSuccess;
+  int failed_peer = -1;
+  for (int r = 0; r < g->size && r_ == ncclSuccess; r++) {
+    r_ = ncclSend(src + (size_t)r * chunk * esz, chunk, dt, r, impl(g)->comm, s);
+    if (r_ == ncclSuccess) r_ = ncclRecv(dst + (size_t)r * chunk * esz, chunk, dt, r, impl(g)->comm, s);
+    if (r_ != ncclSuccess) failed_peer = r;
   }
-  NCCL_TRY(ncclGroupEnd());
+  ncclResult_t end_r = ncclGroupEnd();
+  if (r_ != ncclSuccess)
+    return tt_error_set(TT_ERR_INTERNAL, "nccl: all_to_all: send/recv with rank %d failed: %s", failed_peer,
+                        ncclGetErrorString(r_));
+  if (end_r != ncclSuccess)
+    return tt_error_set(TT_ERR_INTERNAL, "nccl: all_to_all: ncclGroupEnd failed: %s", ncclGetErrorString(end_r));
   return end(g, s);
 }
 

@@ -1,8 +1,10 @@
 /*
  * dtype_conv.h — scalar conversions between f32 and the 16- and 8-bit float
  * formats, shared by the engine and every CPU kernel. Round-to-nearest-even
- * everywhere, NaN preserved, saturation to the largest finite value for fp8
- * e4m3 (which has no infinity), as the OCP fp8 spec and PyTorch do.
+ * everywhere, NaN preserved. fp8 casts saturate: a finite value beyond the
+ * largest finite one becomes it (e5m2 keeps true infinities), the OCP fp8
+ * spec's saturating mode and what float8 training does (torchao clamps
+ * before it casts); a bare torch .to(float8_e4m3fn) would give NaN there.
  */
 #ifndef TT_DTYPE_CONV_H
 #define TT_DTYPE_CONV_H
@@ -96,6 +98,7 @@ static inline uint8_t tt_f32_to_f8(float f, int e4m3) {
   uint8_t sign = signbit(f) ? 0x80 : 0;
   if (isnan(f)) return e4m3 ? 0x7f : 0x7f;
   float a = fabsf(f);
+  if (a == 0.0f) return sign; /* frexpf(0) gives e = 0, which would encode 0.5 */
   if (a >= maxv) { /* saturate (e5m2 keeps inf for true inf) */
     if (!e4m3 && isinf(a)) return sign | 0x7c;
     return sign | (e4m3 ? 0x7e : 0x7b);

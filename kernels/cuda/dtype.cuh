@@ -57,6 +57,7 @@ __device__ __forceinline__ uint8_t tt_d_f32_to_f8(float f, int e4m3) {
   uint8_t sign = (__float_as_uint(f) >> 31) ? 0x80 : 0;
   if (isnan(f)) return 0x7f;
   float a = fabsf(f);
+  if (a == 0.0f) return sign; /* frexpf(0) gives e = 0, which would encode 0.5 */
   if (a >= maxv) {
     if (!e4m3 && isinf(a)) return sign | 0x7c;
     return sign | (e4m3 ? 0x7e : 0x7b);

@@ -23,6 +23,26 @@ describe("tensors", function()
     assert.are.same({ 1, 0.5, 448, 448, -0.0625 }, e4) -- saturates at 448
     local e5 = titan.tensor({ 1, 0.5, 57344, -3 }):to("float8_e5m2"):float():tolist()
     assert.are.same({ 1, 0.5, 57344, -3 }, e5)
+    -- every finite value each fp8 format can hold comes back unchanged,
+    -- signed zeros and subnormals included, and zeros() of fp8 is zero
+    for _, f in ipairs({ { "float8_e4m3fn", 3, 7, 15 }, { "float8_e5m2", 2, 15, 30 } }) do
+      local name, mbits, bias, emax = f[1], f[2], f[3], f[4]
+      local vals = {}
+      for e = 0, emax do
+        for m = 0, 2 ^ mbits - 1 do
+          if not (name == "float8_e4m3fn" and e == 15 and m == 7) then -- e4m3fn's NaN
+            local v = e == 0 and m * 2 ^ (1 - bias - mbits) or (m + 2 ^ mbits) * 2 ^ (e - bias - mbits)
+            vals[#vals + 1] = v
+            vals[#vals + 1] = -v
+          end
+        end
+      end
+      local back = titan.tensor(vals):to(name):float():tolist()
+      for i, v in ipairs(vals) do
+        assert(back[i] == v and 1 / back[i] == 1 / v, ("%s: %.9g came back as %.9g"):format(name, v, back[i]))
+      end
+      assert.are.same({ 0, 0, 0 }, titan.zeros({ 3 }, { dtype = name }):float():tolist())
+    end
     assert.are.equal("bfloat16", x:to("bfloat16"):dtype())
     -- f16 subnormals (below 6.1e-5) round to multiples of 2^-24
     local sub = titan.tensor({ 1e-5, 3e-8, 2 ^ -24, 2 ^ -25 }):to("float16"):float():tolist()
