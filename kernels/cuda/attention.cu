@@ -248,7 +248,10 @@ static void att_pointwise(att_graph *g, cudnnPointwiseMode_t mode, cudnnDataType
   cudnnBackendDescriptor_t pw = ATT_NEW(g, CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
   ATT_SET(g, pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
   ATT_SET(g, pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
-  if (mode == CUDNN_POINTWISE_GEN_INDEX) ATT_SET(g, pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
+  /* axis: GEN_INDEX's dimension; cudnn-frontend also tags the integer ADD
+   * and SUB of the bottom-right causal mask with the column axis (3). */
+  if (mode == CUDNN_POINTWISE_GEN_INDEX || axis > 0)
+    ATT_SET(g, pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
   ATT_FINALIZE(g, pw, "pointwise");
   cudnnBackendDescriptor_t op = ATT_NEW(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
   ATT_SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw);
@@ -343,9 +346,9 @@ static cudnnBackendDescriptor_t att_causal_mask(att_graph *g, const att_key *k, 
     cudnnBackendDescriptor_t skv = att_scalar(g, UID_SKV, CUDNN_DATA_INT32);
     cudnnBackendDescriptor_t sq = att_scalar(g, UID_SQ, CUDNN_DATA_INT32);
     cudnnBackendDescriptor_t r1 = att_virtual(g, CUDNN_DATA_INT32, sc);
-    att_pointwise(g, CUDNN_POINTWISE_ADD, CUDNN_DATA_INT32, 0, row, skv, NULL, r1);
+    att_pointwise(g, CUDNN_POINTWISE_ADD, CUDNN_DATA_INT32, 3, row, skv, NULL, r1);
     cudnnBackendDescriptor_t r2 = att_virtual(g, CUDNN_DATA_INT32, sc);
-    att_pointwise(g, CUDNN_POINTWISE_SUB, CUDNN_DATA_INT32, 0, r1, sq, NULL, r2);
+    att_pointwise(g, CUDNN_POINTWISE_SUB, CUDNN_DATA_INT32, 3, r1, sq, NULL, r2);
     row = r2;
   }
   cudnnBackendDescriptor_t keep = att_virtual(g, CUDNN_DATA_BOOLEAN, sc);
@@ -412,7 +415,7 @@ static void att_build_backward(att_graph *g, const att_key *k) {
   cudnnBackendDescriptor_t doo = att_virtual(g, F, att_shp(B, Hq, T, D, Hq * T * D, T * D, Hq * D, 1));
   att_pw2(g, CUDNN_POINTWISE_MUL, dO, O, doo);
   cudnnBackendDescriptor_t red = att_virtual(g, F, row1);
-  att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, doo, red, k->det && cudnnGetVersion() >= 90500);
+  att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, doo, red, false); /* the frontend never marks this one */
   cudnnBackendDescriptor_t sd = att_io(g, UID_SOFTMAX_SUM, F, att_packed(B, Hq, T, 1));
   att_pw2(g, CUDNN_POINTWISE_MUL, red, ONE, sd);
 
@@ -459,12 +462,19 @@ static void att_build_backward(att_graph *g, const att_key *k) {
     att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, dkh, dK, false);
   }
 
-  /* dQ = dS K, accumulated in f32 in the workspace, then converted. */
+  /* dQ = dS K. The graph's shape chooses the algorithm (cudnn-frontend
+   * does the same): with a non-virtual f32 accumulator in the workspace the
+   * engine sums dQ with atomics across key tiles (fast, not bit-stable);
+   * written straight to dQ it takes the deterministic dP-workspace kernel. */
   cudnnBackendDescriptor_t kk = att_virtual(g, F, v.kv);
   att_reshape(g, KT, kk);
-  cudnnBackendDescriptor_t acc = att_io(g, UID_DQ_ACCUM, F, att_packed(B, Hq, T, D));
-  att_matmul(g, ds, kk, acc);
-  att_pw1(g, CUDNN_POINTWISE_IDENTITY, acc, dQ);
+  if (k->det) {
+    att_matmul(g, ds, kk, dQ);
+  } else {
+    cudnnBackendDescriptor_t acc = att_io(g, UID_DQ_ACCUM, F, att_packed(B, Hq, T, D));
+    att_matmul(g, ds, kk, acc);
+    att_pw1(g, CUDNN_POINTWISE_IDENTITY, acc, dQ);
+  }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -625,7 +635,7 @@ static void att_plan_build(att_dev *dv, att_plan *p, const att_key *key) {
     p->sum_off = off;
     off = att_round_up(off + key->B * key->Hq * key->T * (int64_t)sizeof(float), 256);
     p->acc_off = off;
-    off = att_round_up(off + key->B * key->Hq * key->T * key->D * (int64_t)sizeof(float), 256);
+    if (!key->det) off = att_round_up(off + key->B * key->Hq * key->T * key->D * (int64_t)sizeof(float), 256);
   }
   p->plan_off = off;
   p->ws_bytes = off + (plan_ws > 0 ? plan_ws : 0);
@@ -841,7 +851,8 @@ static tt_status att_cudnn_run(int device, cudaStream_t stream, const att_key *k
     return TT_OK;
   }
   if (!att_workspace(dv, device, stream, p->ws_bytes, why, n)) return TT_OK;
-  *unavailable = 0;
+  /* *unavailable stays 1 until the plan has run: a refusal below still
+   * hands the call to the fallback. */
 
   char *ws = (char *)dv->ws;
   const size_t ver = cudnnGetVersion();
@@ -878,11 +889,13 @@ static tt_status att_cudnn_run(int device, cudaStream_t stream, const att_key *k
     bind(UID_DV, x->dv);
     bind(UID_ONE, &one);
     bind(UID_SOFTMAX_SUM, ws + p->sum_off);
-    bind(UID_DQ_ACCUM, ws + p->acc_off);
-    /* Before 9.6 the engine expects a zeroed dQ accumulator. */
-    if (ver < 90600)
-      TT_CUDA_CHECK(cudaMemsetAsync(ws + p->acc_off, 0,
-                                    (size_t)(key->B * key->Hq * key->T * key->D) * sizeof(float), stream));
+    if (!key->det) {
+      bind(UID_DQ_ACCUM, ws + p->acc_off);
+      /* Before 9.6 the engine expects a zeroed dQ accumulator. */
+      if (ver < 90600)
+        TT_CUDA_CHECK(cudaMemsetAsync(ws + p->acc_off, 0,
+                                      (size_t)(key->B * key->Hq * key->T * key->D) * sizeof(float), stream));
+    }
   }
   void *plan_ws = ws ? ws + p->plan_off : NULL;
 
@@ -896,7 +909,35 @@ static tt_status att_cudnn_run(int device, cudaStream_t stream, const att_key *k
   ATT_CUDNN_CHECK(
       cudnnBackendSetAttribute(pack.d, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, nb, uids));
   ATT_CUDNN_CHECK(cudnnBackendFinalize(pack.d));
-  ATT_CUDNN_CHECK(cudnnBackendExecute(dv->handle, p->plan, pack.d));
+  const cudnnStatus_t ex = cudnnBackendExecute(dv->handle, p->plan, pack.d);
+  if (ex != CUDNN_STATUS_SUCCESS) {
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    const bool capturing = cudaStreamIsCapturing(stream, &cap) == cudaSuccess && cap != cudaStreamCaptureStatusNone;
+    /* NOT_SUPPORTED_* (3xxx) or EXECUTION_FAILED_* (5xxx); a BAD_PARAM is
+     * this file's bug and is reported as an error. */
+    const bool refused = (int)ex / 1000 == 3 || (int)ex / 1000 == 5;
+    if (refused && !capturing) {
+      /* A plan that finalized but will not run this shape here: remember
+       * that, and let the fallback kernel take this and every later call
+       * (it writes every output, so whatever cuDNN left is overwritten). */
+      char msg[256];
+      att_last_cudnn_message(msg, sizeof msg);
+      snprintf(p->reason, sizeof p->reason, "cudnnBackendExecute refused the plan: %s%s%s",
+               cudnnGetErrorString(ex), msg[0] ? ": " : "", msg);
+      char reason[sizeof p->reason];
+      memcpy(reason, p->reason, sizeof reason);
+      cudaGetLastError(); /* a launch error it left is not sticky: clear it */
+      TT_CUDA_CHECK(cudaStreamSynchronize(stream)); /* earlier work may still use the plan's kernels */
+      att_plan_release(p);
+      p->key = *key;
+      p->state = ATT_UNAVAILABLE;
+      memcpy(p->reason, reason, sizeof reason);
+      snprintf(why, n, "%s", p->reason);
+      return TT_OK; /* *unavailable is still 1 */
+    }
+    return att_cudnn_fail(ex, "cudnnBackendExecute", __FILE__, __LINE__);
+  }
+  *unavailable = 0;
   return TT_OK;
 }
 
