@@ -150,7 +150,8 @@ typedef struct tt_kernels {
    *    f32/f64 on the CPU (ops.c converts bf16/f16), plus bf16/f16 on CUDA.
    *    bias: NULL, or n packed elements added to every row of every C[i]
    *    (a linear layer's bias, fused into the GEMM), 16-byte aligned, of
-   *    bias_dtype: dtype itself, or f32 when dtype is bf16/f16.
+   *    bias_dtype = dtype (ops.c converts the bias to the GEMM's dtype
+   *    first; a backend may reject any other bias_dtype).
    *    allow_tf32: f32 products may round their inputs to TF32 (where the
    *    backend has it; the CPU computes exactly whatever the flag). -- */
   tt_status (*gemm)(int dtype, int trans_a, int trans_b, int64_t batch, int64_t m, int64_t n, int64_t k,
