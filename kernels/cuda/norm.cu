@@ -6,8 +6,13 @@
  * kernel's rounding, so the pair is bit-identical to running them apart);
  * the backward may accumulate dx onto a waiting gradient. One warp per row up
  * to 1024 elements, one block per row above; rows are read in 16-byte
- * chunks (kernel_util.cuh) twice — once for the statistic, once for the
- * output — the second time from L1/L2. As on the CPU the sum of squares and
+ * chunks (kernel_util.cuh). A row of up to G * V * KMAX elements (4096 bf16
+ * or f32 ones per block) is read from HBM once: each thread issues the
+ * loads of all its chunks before it adds anything (many 16-byte loads in
+ * flight, which is what keeps HBM busy) and keeps them in registers for
+ * the second pass; a longer row is read twice, the second time from L1/L2.
+ * Either way the sums run in the same order, so the bits are the same. As
+ * on the CPU the sum of squares and
  * the backward's row dot product accumulate in double, and every other
  * step is the CPU's (kernels/cpu/norm.c) in the compute type with unfused
  * products: f32 and f64 outputs match the reference up to the order of the
@@ -20,6 +25,20 @@
  * order and accumulates into dw (dw = dw + total, rounded once).
  */
 #include "kernel_util.cuh"
+
+/* Chunks of V elements a thread keeps in registers: 32 values (64 for f64
+ * would cost too many registers). */
+template <int DT> __host__ __device__ constexpr int tt_norm_kmax() { return DT == TT_F64 ? 4 : 32 / (16 / (int)sizeof(typename tt_ft<DT>::S)); }
+
+/* Chunk q of this lane starts at element (lane + q G) V, as the loops'
+ * e = lane V, lane V + G V, ...; cnt 0 past the row (nothing is loaded). */
+template <int V> __device__ __forceinline__ int64_t tt_norm_e(int lane, int q, int G) {
+  return ((int64_t)lane + (int64_t)q * G) * V;
+}
+template <int V> __device__ __forceinline__ int64_t tt_norm_cnt(int lane, int q, int G, int64_t dim) {
+  const int64_t e = tt_norm_e<V>(lane, q, G);
+  return e >= dim ? 0 : (dim - e < V ? dim - e : V);
+}
 
 /* RES: h = x + res first (rounded to the storage type, as the add kernel
  * would store it), written out, and normalized in place of x; the second
@@ -34,12 +53,52 @@ __global__ void tt_rmsnorm_kernel(int64_t rows, int64_t dim, double eps, const t
   constexpr int PER = TT_CUDA_THREADS / G;
   __shared__ double sm[TT_WARPS];
   const int lane = threadIdx.x % G;
+  constexpr int KMAX = tt_norm_kmax<DT>();
+  const bool cached = dim <= (int64_t)G * V * KMAX;
   for (int64_t r = (int64_t)blockIdx.x * PER + threadIdx.x / G; r < rows; r += (int64_t)gridDim.x * PER) {
     const typename tt_ft<DT>::S *xr = x + r * dim;
     typename tt_ft<DT>::S *yr = y + r * dim;
     const typename tt_ft<DT>::S *rr = RES ? res + r * dim : NULL;
     typename tt_ft<DT>::S *hr = RES ? h + r * dim : NULL;
     const bool vec = tt_al16(xr) && tt_al16(yr) && tt_al16(w) && (!RES || (tt_al16(rr) && tt_al16(hr)));
+    if (cached) {
+      C c[KMAX][V];
+      int64_t cnt[KMAX];
+#pragma unroll
+      for (int q = 0; q < KMAX; q++) {
+        cnt[q] = tt_norm_cnt<V>(lane, q, G, dim);
+        tt_ld_chunk<DT>(xr, tt_norm_e<V>(lane, q, G), cnt[q], vec, c[q]);
+      }
+      if (RES) {
+#pragma unroll
+        for (int q = 0; q < KMAX; q++) {
+          C rv[V];
+          tt_ld_chunk<DT>(rr, tt_norm_e<V>(lane, q, G), cnt[q], vec, rv);
+#pragma unroll
+          for (int k = 0; k < V; k++) c[q][k] = tt_ft<DT>::ld(tt_ft<DT>::st(tt_add(c[q][k], rv[k])));
+          if (cnt[q] > 0) tt_st_chunk<DT>(hr, tt_norm_e<V>(lane, q, G), cnt[q], vec, c[q]);
+        }
+      }
+      double ss = 0.0;
+#pragma unroll
+      for (int q = 0; q < KMAX; q++)
+#pragma unroll
+        for (int k = 0; k < V; k++)
+          if (k < cnt[q]) ss = tt_add(ss, tt_mul((double)c[q][k], (double)c[q][k]));
+      ss = tt_group_reduce<G>(ss, tt_sum_op(), sm);
+      const C rs = (C)(1.0 / sqrt(ss / (double)dim + eps));
+      if (lane == 0) rstd[r] = rs;
+#pragma unroll
+      for (int q = 0; q < KMAX; q++) {
+        if (cnt[q] <= 0) continue;
+        C wv[V];
+        tt_ld_chunk<DT>(w, tt_norm_e<V>(lane, q, G), cnt[q], vec, wv);
+#pragma unroll
+        for (int k = 0; k < V; k++) c[q][k] = tt_mul(tt_mul(c[q][k], rs), wv[k]);
+        tt_st_chunk<DT>(yr, tt_norm_e<V>(lane, q, G), cnt[q], vec, c[q]);
+      }
+      continue;
+    }
     double ss = 0.0;
     for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
       int64_t cnt = dim - e < V ? dim - e : V;
@@ -83,10 +142,52 @@ __global__ void tt_rmsnorm_dx_kernel(int64_t rows, int64_t dim, const typename t
   constexpr int PER = TT_CUDA_THREADS / G;
   __shared__ double sm[TT_WARPS];
   const int lane = threadIdx.x % G;
+  constexpr int KMAX = tt_norm_kmax<DT>();
+  const bool cached = dim <= (int64_t)G * V * KMAX;
   for (int64_t r = (int64_t)blockIdx.x * PER + threadIdx.x / G; r < rows; r += (int64_t)gridDim.x * PER) {
     const typename tt_ft<DT>::S *xr = x + r * dim, *gr = dy + r * dim;
     typename tt_ft<DT>::S *dr = dx + r * dim;
     const bool vec = tt_al16(xr) && tt_al16(gr) && tt_al16(dr) && tt_al16(w);
+    if (cached) {
+      C xv[KMAX][V], gv[KMAX][V];
+      int64_t cnt[KMAX];
+#pragma unroll
+      for (int q = 0; q < KMAX; q++) {
+        cnt[q] = tt_norm_cnt<V>(lane, q, G, dim);
+        tt_ld_chunk<DT>(xr, tt_norm_e<V>(lane, q, G), cnt[q], vec, xv[q]);
+        tt_ld_chunk<DT>(gr, tt_norm_e<V>(lane, q, G), cnt[q], vec, gv[q]);
+      }
+      double dot = 0.0;
+#pragma unroll
+      for (int q = 0; q < KMAX; q++) {
+        if (cnt[q] <= 0) continue;
+        C wv[V];
+        tt_ld_chunk<DT>(w, tt_norm_e<V>(lane, q, G), cnt[q], vec, wv);
+#pragma unroll
+        for (int k = 0; k < V; k++)
+          if (k < cnt[q]) dot = tt_add(dot, tt_mul(tt_mul((double)gv[q][k], (double)wv[k]), (double)xv[q][k]));
+      }
+      dot = tt_group_reduce<G>(dot, tt_sum_op(), sm);
+      const double rs = (double)rstd[r];
+      const C a = (C)rs, cc = (C)(rs * rs * rs * dot / (double)dim);
+#pragma unroll
+      for (int q = 0; q < KMAX; q++) {
+        if (cnt[q] <= 0) continue;
+        const int64_t e = tt_norm_e<V>(lane, q, G);
+        C wv[V];
+        tt_ld_chunk<DT>(w, e, cnt[q], vec, wv);
+#pragma unroll
+        for (int k = 0; k < V; k++) xv[q][k] = tt_sub(tt_mul(tt_mul(a, wv[k]), gv[q][k]), tt_mul(xv[q][k], cc));
+        if (acc) {
+          C old[V];
+          tt_ld_chunk<DT>(dr, e, cnt[q], vec, old);
+#pragma unroll
+          for (int k = 0; k < V; k++) xv[q][k] = tt_add(old[k], xv[q][k]);
+        }
+        tt_st_chunk<DT>(dr, e, cnt[q], vec, xv[q]);
+      }
+      continue;
+    }
     double dot = 0.0;
     for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
       int64_t cnt = dim - e < V ? dim - e : V;

@@ -399,7 +399,10 @@ end)
 describe("cuda ops: rmsnorm", function()
   for _, dt in ipairs({ "float32", "float64", "bfloat16" }) do
     it("forward (y, rstd) and backward (dx; dweight accumulates) (" .. dt .. ")", H.scoped(function()
-      for k, rd in ipairs({ { 1, 256 }, { 7, 100 }, { 4096, 256 }, { 512, 2048 }, { 64, 4096 }, { 3, 8192 } }) do
+      -- rows kept in registers (up to 1024 per warp, 8192 per block; f64 256 / 2048), rows read
+      -- twice (longer), ragged tails, and rows that are not 16-byte aligned (12289)
+      for k, rd in ipairs({ { 1, 256 }, { 7, 100 }, { 4096, 256 }, { 512, 2048 }, { 64, 4096 }, { 3, 8192 },
+        { 5, 1000 }, { 2, 12289 }, { 2, 16384 } }) do
         local rows, dim = rd[1], rd[2]
         local x = H.randn({ rows, dim }, k, dt, 3)
         local w = H.randn({ dim }, 10 + k, dt, 0.5, 1)
@@ -426,7 +429,7 @@ describe("cuda ops: rmsnorm", function()
 
     it("add_rmsnorm (h = x + residual, then the norm) equals the two ops on the device, bit for bit; "
       .. "backward accumulating dx (" .. dt .. ")", H.scoped(function()
-      for k, rd in ipairs({ { 1, 256 }, { 7, 100 }, { 4096, 256 }, { 64, 4096 }, { 3, 8192 } }) do
+      for k, rd in ipairs({ { 1, 256 }, { 7, 100 }, { 4096, 256 }, { 64, 4096 }, { 3, 8192 }, { 2, 12289 } }) do
         local rows, dim = rd[1], rd[2]
         local x, r = H.randn({ rows, dim }, 40 + k, dt, 3), H.randn({ rows, dim }, 50 + k, dt)
         local w = H.randn({ dim }, 60 + k, dt, 0.5, 1)
