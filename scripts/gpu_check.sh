@@ -310,7 +310,7 @@ step_about() {
     unpack) echo "unpack .gpu/debs/*.deb (dpkg-deb -x, or ar + tar) into .gpu/prefix (libgomp1/libgfortran5/libquadmath0 into .gpu/fallback, linked into .gpu/extra-libs only where the machine lacks them); point the .pc files at the prefix" ;;
     configure) echo "cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTITAN_CUDA=ON -DTITAN_WERROR=OFF -DPKG_CONFIG_EXECUTABLE=<pkg-config on PATH> [-DTITAN_NVCC=/-DCMAKE_CUDA_COMPILER=<nvcc>] [-DTITAN_CUDNN_LIBRARY=/-DTITAN_CUDNN_INCLUDE=/-DTITAN_NCCL_LIBRARY=/-DTITAN_NCCL_INCLUDE=/-DCUDA_cublasLt_LIBRARY= where found outside the toolkit's own folders]" ;;
     build) echo "cmake --build build-gpu -j $JOBS (GPU_CHECK_JOBS, default nproc) [-- -k with make]" ;;
-    cuda_tests) echo "cd build-gpu && OMP_NUM_THREADS=2 ctest -R '^cuda/' -j 10 --output-on-failure (tests/cuda/*_spec.lua under busted inside build-gpu/titan, all at once; /usr/share/games/fortunes -> the carried corpus when the machine has none)" ;;
+    cuda_tests) echo "cd build-gpu && NCCL_SOCKET_IFNAME=lo OMP_NUM_THREADS=2 ctest -R '^cuda/' -j 10 --output-on-failure (tests/cuda/*_spec.lua under busted inside build-gpu/titan, all at once; /usr/share/games/fortunes -> the carried corpus when the machine has none)" ;;
     bench_titan) echo "build-gpu/titan bench/gpu.lua --json .gpu/run/titan.json --budget <step time - 10>" ;;
     bench_torch) echo "python3 bench/gpu_torch.py --json .gpu/run/torch.json --titan-json .gpu/run/titan.json --budget <step time - 10> (without the prefix on LD_LIBRARY_PATH)" ;;
     cpu_tests) echo "cd build-gpu && OMP_NUM_THREADS=<jobs/4> ctest -E '^cuda/' -j 4 --output-on-failure (the C and Lua suite; /usr/share/games/fortunes -> the carried corpus when the machine has none; TITAN_REFERENCE_PYTHON/TITAN_HF_PYTHON = python3 with torch)" ;;
@@ -446,7 +446,9 @@ cuda_tests_cmd() {
   "$BUILD/titan" -e 'local t = require("titan"); print("titan " .. t.version() .. " | cuda available: " .. tostring(t.cuda_available()) .. ", devices: " .. t.cuda_device_count() .. " | " .. t.blas_info())'
   # Ten specs at once (one wave: the slowest sets the time), two CPU threads
   # each for their CPU references, on the machine's 16 cores.
-  cd "$BUILD" && OMP_NUM_THREADS=2 ctest -R '^cuda/' -j 10 --output-on-failure
+  # NCCL at world 1 bootstraps over a local socket; the machine has no
+  # network, so name the loopback interface rather than let NCCL search.
+  cd "$BUILD" && NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}" OMP_NUM_THREADS=2 ctest -R '^cuda/' -j 10 --output-on-failure
 }
 
 bench_titan_cmd() { # budget
