@@ -18,11 +18,14 @@
  * products: f32 and f64 outputs match the reference up to the order of the
  * double sums. rstd is f32 for f32/bf16/f16 input and f64 for f64.
  *
- * dw: each column summed over all rows in double, deterministically
- * without atomics: the rows are cut into R fixed chunks (R a function of
- * the shape), a thread per (chunk, column) sums its chunk in row order into
- * the device workspace, and a second kernel adds the R partials in chunk
- * order and accumulates into dw (dw = dw + total, rounded once).
+ * dw: each column summed over all rows, deterministically without atomics:
+ * the rows are cut into R fixed chunks (R a function of the shape), each
+ * chunk's sum lands in the device workspace, and a second kernel adds the R
+ * partials in chunk order in double and accumulates into dw (dw = dw +
+ * total, rounded once). Rows kept in registers get their chunk sums from
+ * the dx kernel itself (a chunk of L >= 16 rows per row group, summed in the
+ * compute type); longer rows take a kernel of their own, a thread per
+ * (chunk, column) summing in double, which reads x and dy once more.
  */
 #include "kernel_util.cuh"
 
@@ -130,13 +133,18 @@ __global__ void tt_rmsnorm_kernel(int64_t rows, int64_t dim, double eps, const t
   }
 }
 
-/* dx = rstd * w * dy - x * (rstd^3 * sum(dy * w * x) / dim). */
-template <int DT, int G>
+/* dx = rstd * w * dy - x * (rstd^3 * sum(dy * w * x) / dim).
+ * DW (rows kept in registers only): group `slot` takes the rows
+ * [slot L, slot L + L) in order and also sums dy * x * rstd over them for
+ * its columns, in the compute type (at most L terms), into part[slot dim +
+ * column] as a double; tt_rmsnorm_dw_final adds the slots in order. So dw
+ * costs no second read of x and dy. */
+template <int DT, int G, bool DW>
 __global__ void tt_rmsnorm_dx_kernel(int64_t rows, int64_t dim, const typename tt_ft<DT>::S *__restrict__ x,
                                      const typename tt_ft<DT>::S *__restrict__ w,
                                      const typename tt_ft<DT>::C *__restrict__ rstd,
                                      const typename tt_ft<DT>::S *__restrict__ dy, typename tt_ft<DT>::S *__restrict__ dx,
-                                     bool acc) {
+                                     bool acc, int64_t L, int64_t nslot, double *__restrict__ part) {
   typedef typename tt_ft<DT>::C C;
   constexpr int V = 16 / sizeof(typename tt_ft<DT>::S);
   constexpr int PER = TT_CUDA_THREADS / G;
@@ -144,7 +152,19 @@ __global__ void tt_rmsnorm_dx_kernel(int64_t rows, int64_t dim, const typename t
   const int lane = threadIdx.x % G;
   constexpr int KMAX = tt_norm_kmax<DT>();
   const bool cached = dim <= (int64_t)G * V * KMAX;
-  for (int64_t r = (int64_t)blockIdx.x * PER + threadIdx.x / G; r < rows; r += (int64_t)gridDim.x * PER) {
+  const int64_t group = (int64_t)blockIdx.x * PER + threadIdx.x / G;
+  int64_t r_first = group, r_end = rows, r_step = (int64_t)gridDim.x * PER;
+  if (DW) {
+    r_first = group * L;
+    r_end = r_first + L < rows ? r_first + L : rows;
+    r_step = 1;
+  }
+  C dwacc[DW ? KMAX : 1][V];
+#pragma unroll
+  for (int q = 0; q < (DW ? KMAX : 1); q++)
+#pragma unroll
+    for (int k = 0; k < V; k++) dwacc[q][k] = (C)0;
+  for (int64_t r = r_first; r < r_end; r += r_step) {
     const typename tt_ft<DT>::S *xr = x + r * dim, *gr = dy + r * dim;
     typename tt_ft<DT>::S *dr = dx + r * dim;
     const bool vec = tt_al16(xr) && tt_al16(gr) && tt_al16(dr) && tt_al16(w);
@@ -157,6 +177,7 @@ __global__ void tt_rmsnorm_dx_kernel(int64_t rows, int64_t dim, const typename t
         tt_ld_chunk<DT>(xr, tt_norm_e<V>(lane, q, G), cnt[q], vec, xv[q]);
         tt_ld_chunk<DT>(gr, tt_norm_e<V>(lane, q, G), cnt[q], vec, gv[q]);
       }
+      const C rs_c = rstd[r];
       double dot = 0.0;
 #pragma unroll
       for (int q = 0; q < KMAX; q++) {
@@ -164,11 +185,13 @@ __global__ void tt_rmsnorm_dx_kernel(int64_t rows, int64_t dim, const typename t
         C wv[V];
         tt_ld_chunk<DT>(w, tt_norm_e<V>(lane, q, G), cnt[q], vec, wv);
 #pragma unroll
-        for (int k = 0; k < V; k++)
+        for (int k = 0; k < V; k++) {
           if (k < cnt[q]) dot = tt_add(dot, tt_mul(tt_mul((double)gv[q][k], (double)wv[k]), (double)xv[q][k]));
+          if (DW) dwacc[q][k] = tt_add(dwacc[q][k], tt_mul(tt_mul(gv[q][k], xv[q][k]), rs_c));
+        }
       }
       dot = tt_group_reduce<G>(dot, tt_sum_op(), sm);
-      const double rs = (double)rstd[r];
+      const double rs = (double)rs_c;
       const C a = (C)rs, cc = (C)(rs * rs * rs * dot / (double)dim);
 #pragma unroll
       for (int q = 0; q < KMAX; q++) {
@@ -217,6 +240,15 @@ __global__ void tt_rmsnorm_dx_kernel(int64_t rows, int64_t dim, const typename t
         for (int k = 0; k < V; k++) xv[k] = tt_add(old[k], xv[k]);
       }
       tt_st_chunk<DT>(dr, e, cnt, vec, xv);
+    }
+  }
+  if (DW && group < nslot) {
+#pragma unroll
+    for (int q = 0; q < (DW ? KMAX : 1); q++) {
+      const int64_t e = tt_norm_e<V>(lane, q, G), cnt = tt_norm_cnt<V>(lane, q, G, dim);
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        if (k < cnt) part[group * dim + e + k] = (double)dwacc[q][k];
     }
   }
 }
@@ -291,12 +323,38 @@ static tt_status tt_rmsnorm_backward_launch(int64_t rows, int64_t dim, const voi
   cudaStream_t s;
   tt_status st = tt_cuda_current(&device, &s);
   if (st != TT_OK) return st;
-  if (dim <= 1024)
-    tt_rmsnorm_dx_kernel<DT, 32><<<tt_cuda_group_blocks(rows, 32), TT_CUDA_THREADS, 0, s>>>(
-        rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0);
+  const int G = dim <= 1024 ? 32 : TT_CUDA_THREADS;
+  const bool cached = dim <= (int64_t)G * (16 / (int64_t)sizeof(S)) * tt_norm_kmax<DT>();
+  const int64_t slot_cap = (int64_t)(TT_CUDA_WORKSPACE / sizeof(double)) / dim;
+  if (dw && cached && slot_cap >= 1) {
+    /* dw from the same pass: slots of L >= 16 rows (a function of the shape
+     * only), as many as the workspace holds. */
+    int64_t L = (rows + slot_cap - 1) / slot_cap;
+    if (L < 16) L = 16;
+    const int64_t nslot = (rows + L - 1) / L, per = TT_CUDA_THREADS / G;
+    std::unique_lock<std::mutex> hold;
+    void *ws;
+    if ((st = tt_cuda_workspace(device, &ws, &hold)) != TT_OK) return st;
+    const unsigned int blocks = (unsigned int)((nslot + per - 1) / per);
+    if (G == 32)
+      tt_rmsnorm_dx_kernel<DT, 32, true><<<blocks, TT_CUDA_THREADS, 0, s>>>(
+          rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, L, nslot,
+          (double *)ws);
+    else
+      tt_rmsnorm_dx_kernel<DT, TT_CUDA_THREADS, true><<<blocks, TT_CUDA_THREADS, 0, s>>>(
+          rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, L, nslot,
+          (double *)ws);
+    TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dx_kernel (with dw)");
+    tt_rmsnorm_dw_final<DT><<<tt_cuda_blocks(dim), TT_CUDA_THREADS, 0, s>>>(dim, nslot, (const double *)ws, (S *)dw);
+    TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dw_final");
+    return TT_OK;
+  }
+  if (G == 32)
+    tt_rmsnorm_dx_kernel<DT, 32, false><<<tt_cuda_group_blocks(rows, 32), TT_CUDA_THREADS, 0, s>>>(
+        rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, 0, 0, NULL);
   else
-    tt_rmsnorm_dx_kernel<DT, TT_CUDA_THREADS><<<tt_cuda_group_blocks(rows, TT_CUDA_THREADS), TT_CUDA_THREADS, 0, s>>>(
-        rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0);
+    tt_rmsnorm_dx_kernel<DT, TT_CUDA_THREADS, false><<<tt_cuda_group_blocks(rows, TT_CUDA_THREADS), TT_CUDA_THREADS, 0, s>>>(
+        rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, 0, 0, NULL);
   TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dx_kernel");
   if (!dw) return TT_OK;
   /* R row chunks: about 256k (chunk, column) threads, chunks of at least 32
