@@ -104,8 +104,10 @@ local function time_it(fn, reps, rounds, warmup)
   return ts[math.floor((#ts + 1) / 2)]
 end
 
--- Enough reps for ~`target` seconds per round, from one timed call.
+-- Enough reps for ~`target` seconds per round, from one timed call (after
+-- an untimed one: the first call builds plans and picks algorithms).
 local function reps_for(fn, target)
+  fn()
   sync()
   local t0 = common.now()
   fn()
@@ -323,8 +325,8 @@ local function adamw_bench(n, pdt, gdt, master)
       check(C.tt_op_adamw(p._c, g._c, m._c, v._c, ms and ms._c or nil, 1e-4, 0.9, 0.95, 1e-8, 0.1, step), "adamw")
     end
     local t = time_it(fn, reps_for(fn, 0.05), 5, 2)
-    -- read p, g, m, v (+ master); write p, m, v (+ master)
-    local bytes = n * (2 * esize(pdt) + esize(gdt) + 16 + (master and 8 or 0))
+    -- read p (not when a master holds the value), g, m, v (+ master); write p, m, v (+ master)
+    local bytes = n * ((master and 1 or 2) * esize(pdt) + esize(gdt) + 16 + (master and 8 or 0))
     mem_row({ kernel = label, dtype = pdt .. "/" .. gdt, shape = tostring(n), ms = t * 1e3, gbps = bytes / t / 1e9 })
   end)
 end
@@ -370,15 +372,18 @@ end
 -- ---- training ----------------------------------------------------------------------------------
 local train_rows = {}
 
--- Cheap realistic weights: std 0.02 (the embedding std 1), norms 1, tiled from device blocks.
+-- Cheap realistic weights: std 0.02 (the embedding std 1, or dim^-0.5 when it
+-- is also the output layer, as llama3.init_rules), norms 1, tiled from device
+-- blocks seeded by the parameter's position.
 local function fast_init(model)
+  local emb_std = model.args.tie_embeddings and model.args.dim ^ -0.5 or 1
   titan.no_grad(function()
-    for _, np in ipairs(model:named_parameters()) do
+    for i, np in ipairs(model:named_parameters()) do
       local name, p = np[1], np[2]
       if name:match("norm%.weight$") then
         p:fill_(1)
       else
-        local src = rand_dev(p:shape(), p:dtype(), #name, name:match("^tok_embeddings") and 1 or 0.02)
+        local src = rand_dev(p:shape(), p:dtype(), i, name:match("^tok_embeddings") and emb_std or 0.02)
         p:copy_(src)
         src:free()
       end
@@ -392,98 +397,113 @@ end
 local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, graphs)
   for _, dt in ipairs(dtypes) do
     local r = guarded("train", label .. " " .. dt, need, function()
-      local t0 = common.now()
-      local model = llama3.build(flavor, { device = "meta", dtype = dt })
-      model:to_empty(DEV)
-      if args.real_init then llama3.init_weights(model, 0) else fast_init(model) end
-      sync()
-      local build_s = common.now() - t0
-      local V = model.args.vocab_size
-      local flops_per_token, nparams = llama3.flops_per_token(model, T)
-      local opt = optim.AdamW(model:named_parameters(), { lr = 1e-4, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 })
-      local params = model:parameters()
-      local u = titan.rand({ B, T + 1 }, { seed = 7, offset = 0, dtype = "float64" })
-      u:mul_(V)
-      local ids = u:to("int64")
-      local x = ids:narrow(2, 1, T):contiguous():to(DEV)
-      local y = ids:narrow(2, 2, T):contiguous():to(DEV)
-      local stats_dev = ON_GPU and "cuda:0" or "cpu"
-      local last_loss, graph, upd, plan, norm_clip
-      local function fwd_bwd()
-        local logits = model(x)
-        local loss = F.cross_entropy(logits:reshape(-1, V), y:reshape(-1), { num_tokens = B * T })
-        loss:backward()
-        return loss
-      end
-      local function step(i)
-        if graphs and i > 1 then
-          if not graph then
-            local why
-            graph, why = cuda_graph.capture(DEV, function() return { loss = fwd_bwd() } end)
-            if not graph then error("cuda graph capture failed: " .. why, 0) end
+      -- What the run holds on the device, released whether it ends or fails
+      -- (a graph left alive would also keep later attention shapes off cuDNN).
+      local model, opt, graph, upd, plan, norm_clip
+      local function cleanup()
+        if graph then graph:free() end
+        if upd then upd:free() end
+        if plan then opt:free_device_plan(plan) end
+        if norm_clip then norm_clip:free() end
+        graph, upd, plan, norm_clip = nil, nil, nil, nil
+        if opt then
+          for _, st in pairs(opt.state) do
+            st.exp_avg:free()
+            st.exp_avg_sq:free()
+            if st.master then st.master:free() end
           end
-          graph:replay()
-          last_loss = graph.outputs.loss:item()
-        else
-          last_loss = titan.scope(function() return fwd_bwd():item() end)
+          opt = nil
         end
-        if graphs and i > 1 then
-          -- the update as a second graph, as training.cuda_graphs does
-          -- (titan.graph_step): scalars in device memory, rewritten per step
-          if not upd then
-            local grads, why = {}, nil
-            for _, p in ipairs(params) do grads[#grads + 1] = p.grad end
-            plan = assert(opt:device_plan())
-            norm_clip = titan.keep(titan.zeros({ 2 }, { dtype = "float64", device = DEV }))
-            upd, why = cuda_graph.capture(DEV, function()
-              titan.ops.global_norm_dev_(grads, 1.0, norm_clip)
-              opt:launch_device_step(plan, norm_clip)
-              titan.ops.fill_multi_(grads, 0)
-            end)
-            if not upd then error("cuda graph capture of the update failed: " .. why, 0) end
-          end
-          opt:prepare_device_step(plan)
-          upd:replay()
-        else
-          optim.clip_grad_norm(params, 1.0)
-          opt:step()
-          opt:zero_grad({ set_to_none = not graphs }) -- a graph accumulates into the same buffers
+        if model then
+          if model._rope then model._rope.cos:free(); model._rope.sin:free() end
+          model:free()
+          model = nil
         end
       end
-      local ts = {}
-      for i = 1, warmup + steps do
-        local s0 = common.now()
-        step(i)
+      local ok, res = pcall(function()
+        local t0 = common.now()
+        model = llama3.build(flavor, { device = "meta", dtype = dt })
+        model:to_empty(DEV)
+        if args.real_init then llama3.init_weights(model, 0) else fast_init(model) end
         sync()
-        if i > warmup then ts[#ts + 1] = common.now() - s0 end
-        if i == warmup then titan.reset_peak_memory(stats_dev) end
-      end
-      table.sort(ts)
-      local t = ts[math.floor((#ts + 1) / 2)]
-      local peak = titan.memory_stats(stats_dev).peak_allocated
-      local nodes = graph and graph.num_nodes + (upd and upd.num_nodes or 0)
-      if graph then graph:free() end
-      if upd then
-        upd:free()
-        opt:free_device_plan(plan)
-        norm_clip:free()
-      end
-      local tps = B * T / t
-      for _, st in pairs(opt.state) do
-        st.exp_avg:free()
-        st.exp_avg_sq:free()
-        if st.master then st.master:free() end
-      end
-      if model._rope then model._rope.cos:free(); model._rope.sin:free() end
-      model:free()
-      local res = { model = label, dtype = dt, B = B, T = T, step_ms = t * 1e3, tokens_per_s = tps,
-        graphs = graphs and true or false, graph_nodes = nodes,
-        mfu = tps * flops_per_token / PEAK, flops_per_token = flops_per_token, params = nparams,
-        peak_gib = peak / 2 ^ 30, build_s = build_s, last_loss = last_loss, steps = steps,
-        init = args.real_init and "seeded" or "tiled" }
-      print(("  [train] %s %s B%d T%d%s: %.1f ms/step, %.0f tokens/s, MFU %.1f%%, peak %.1f GiB (built in %.1f s, loss %.3f)")
-        :format(label, dt, B, T, graphs and (" cuda graph (%d nodes)"):format(nodes or 0) or "", res.step_ms, tps,
-          100 * res.mfu, res.peak_gib, build_s, last_loss))
+        local build_s = common.now() - t0
+        local V = model.args.vocab_size
+        local flops_per_token, nparams = llama3.flops_per_token(model, T)
+        opt = optim.AdamW(model:named_parameters(), { lr = 1e-4, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 })
+        local params = model:parameters()
+        local u = titan.rand({ B, T + 1 }, { seed = 7, offset = 0, dtype = "float64" })
+        u:mul_(V)
+        local ids = u:to("int64")
+        local x = ids:narrow(2, 1, T):contiguous():to(DEV)
+        local y = ids:narrow(2, 2, T):contiguous():to(DEV)
+        local stats_dev = ON_GPU and "cuda:0" or "cpu"
+        local last_loss
+        local function fwd_bwd()
+          local logits = model(x)
+          local loss = F.cross_entropy(logits:reshape(-1, V), y:reshape(-1), { num_tokens = B * T })
+          loss:backward()
+          return loss
+        end
+        local function step(i)
+          if graphs and i > 1 then
+            if not graph then
+              local why
+              graph, why = cuda_graph.capture(DEV, function() return { loss = fwd_bwd() } end)
+              if not graph then error("cuda graph capture failed: " .. why, 0) end
+            end
+            graph:replay()
+            last_loss = graph.outputs.loss:item()
+          else
+            last_loss = titan.scope(function() return fwd_bwd():item() end)
+          end
+          if graphs and i > 1 then
+            -- the update as a second graph, as training.cuda_graphs does
+            -- (titan.graph_step): scalars in device memory, rewritten per step
+            if not upd then
+              local grads, why = {}, nil
+              for _, p in ipairs(params) do grads[#grads + 1] = p.grad end
+              plan = assert(opt:device_plan())
+              norm_clip = titan.keep(titan.zeros({ 2 }, { dtype = "float64", device = DEV }))
+              upd, why = cuda_graph.capture(DEV, function()
+                titan.ops.global_norm_dev_(grads, 1.0, norm_clip)
+                opt:launch_device_step(plan, norm_clip)
+                titan.ops.fill_multi_(grads, 0)
+              end)
+              if not upd then error("cuda graph capture of the update failed: " .. why, 0) end
+            end
+            opt:prepare_device_step(plan)
+            upd:replay()
+          else
+            optim.clip_grad_norm(params, 1.0)
+            opt:step()
+            opt:zero_grad({ set_to_none = not graphs }) -- a graph accumulates into the same buffers
+          end
+        end
+        local ts = {}
+        for i = 1, warmup + steps do
+          local s0 = common.now()
+          step(i)
+          sync()
+          if i > warmup then ts[#ts + 1] = common.now() - s0 end
+          if i == warmup then titan.reset_peak_memory(stats_dev) end
+        end
+        table.sort(ts)
+        local t = ts[math.floor((#ts + 1) / 2)]
+        local peak = titan.memory_stats(stats_dev).peak_allocated
+        local nodes = graph and graph.num_nodes + (upd and upd.num_nodes or 0)
+        local tps = B * T / t
+        local res = { model = label, dtype = dt, B = B, T = T, step_ms = t * 1e3, tokens_per_s = tps,
+          graphs = graphs and true or false, graph_nodes = nodes,
+          mfu = tps * flops_per_token / PEAK, flops_per_token = flops_per_token, params = nparams,
+          peak_gib = peak / 2 ^ 30, build_s = build_s, last_loss = last_loss, steps = steps,
+          init = args.real_init and "seeded" or "tiled" }
+        print(("  [train] %s %s B%d T%d%s: %.1f ms/step, %.0f tokens/s, MFU %.1f%%, peak %.1f GiB (built in %.1f s, loss %.3f)")
+          :format(label, dt, B, T, graphs and (" cuda graph (%d nodes)"):format(nodes or 0) or "", res.step_ms, tps,
+            100 * res.mfu, res.peak_gib, build_s, last_loss))
+        return res
+      end)
+      cleanup()
+      if not ok then error(res, 0) end
       return res
     end)
     if r then

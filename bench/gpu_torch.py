@@ -68,12 +68,16 @@ def save():
             f.write("\n")
 
 
-class OutOfTime(Exception):
-    pass
+class OutOfTime(BaseException):
+    """Not an Exception: torch.compile catches those and carries on."""
+
+
+_ARMED = False
 
 
 def _out_of_time(signum, frame):
-    raise OutOfTime("the budget ran out during this measurement")
+    if _ARMED:
+        raise OutOfTime("the budget ran out during this measurement")
 
 
 def guarded(section, label, need, fn):
@@ -82,14 +86,23 @@ def guarded(section, label, need, fn):
         RESULTS["errors"].append({"section": section, "label": label, "error": "skipped: no time left"})
         return None
     # A measurement that would run past the budget (a long torch.compile) is
-    # interrupted by SIGALRM, so the tables still print.
+    # interrupted by SIGALRM, so the tables still print. The timer fires again
+    # every second until the measurement ends, in case code in between
+    # swallows the first one.
+    global _ARMED
     use_alarm = hasattr(signal, "SIGALRM") and time_left() < 1e8
     if use_alarm:
         signal.signal(signal.SIGALRM, _out_of_time)
-        signal.alarm(max(1, int(time_left() - 3)))
+        _ARMED = True
+        signal.setitimer(signal.ITIMER_REAL, max(1.0, time_left() - 3), 1.0)
     try:
-        r = fn()
-    except Exception as e:  # noqa: BLE001 — one failure must not stop the rest
+        try:
+            r = fn()
+        finally:
+            _ARMED = False
+            if use_alarm:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+    except (Exception, OutOfTime) as e:  # noqa: BLE001 — one failure must not stop the rest
         msg = f"{type(e).__name__}: {e}".replace("\n", " ")[:400]
         print(f"error: {section} {label}: {msg}", flush=True)
         if os.environ.get("GPU_TORCH_TRACEBACK"):
@@ -97,8 +110,6 @@ def guarded(section, label, need, fn):
         RESULTS["errors"].append({"section": section, "label": label, "error": msg})
         r = None
     finally:
-        if use_alarm:
-            signal.alarm(0)
         if ARGS.device.startswith("cuda"):
             torch.cuda.empty_cache()
     save()
@@ -341,7 +352,9 @@ class Llama(nn.Module):
 def flops_per_token(model, a, T):
     n = sum(p.numel() for p in model.parameters())
     n_emb = model.tok_embeddings.weight.numel()
-    return 6 * (n - n_emb) + 12 * a.n_layers * a.n_heads * a.head_dim * T, n
+    # as llama3.flops_per_token: tied, the embedding is also the output matmul
+    matmul_params = n if a.tie_embeddings else n - n_emb
+    return 6 * matmul_params + 12 * a.n_layers * a.n_heads * a.head_dim * T, n
 
 
 def train(label, flavor, B, T, mode, steps, warmup, need):
@@ -358,7 +371,10 @@ def train(label, flavor, B, T, mode, steps, warmup, need):
                 if name.endswith("norm.weight"):
                     p.fill_(1)
                 else:
-                    p.normal_(0, 1.0 if name.startswith("tok_embeddings") else 0.02)
+                    # as bench/gpu.lua's fast_init: the embedding std 1, or the
+                    # output layer's dim^-0.5 when it is also the output (tied)
+                    emb_std = a.dim ** -0.5 if a.tie_embeddings else 1.0
+                    p.normal_(0, emb_std if name.startswith("tok_embeddings") else 0.02)
         amp = mode.endswith("amp")
         if not amp:
             model = model.to(torch.bfloat16 if cuda else torch.float32)

@@ -21,6 +21,12 @@ find_package(CUDAToolkit REQUIRED)
 set(TITAN_CUDA_GENCODE
     "SHELL:-gencode arch=compute_90a,code=sm_90a" "SHELL:-gencode arch=compute_90,code=sm_90"
     "SHELL:-gencode arch=compute_80,code=sm_80" "SHELL:-gencode arch=compute_90,code=compute_90")
+# nvcc compiles the four targets of a file one after another unless told to
+# use threads; the GPU check (16 cores, few files left at the end) asks for 4.
+set(TITAN_NVCC_THREADS 1 CACHE STRING "threads nvcc uses per file for its -gencode targets")
+if(TITAN_NVCC_THREADS GREATER 1)
+  list(APPEND TITAN_CUDA_GENCODE "--threads=${TITAN_NVCC_THREADS}")
+endif()
 set(TITAN_CUDA_WARNINGS -Xcompiler=-Wall,-Wextra)
 if(TITAN_WERROR)
   list(APPEND TITAN_CUDA_WARNINGS "SHELL:-Werror all-warnings" -Xcompiler=-Werror)

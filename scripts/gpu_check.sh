@@ -32,6 +32,9 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The machine's own library path (its driver may be found only through it),
+# before the prefix is put in front: what PyTorch runs with.
+ORIG_LD_LIBRARY_PATH="${LD_LIBRARY_PATH-}"
 GPU_DIR="$ROOT/.gpu"
 DEBS="$GPU_DIR/debs"
 PREFIX="$GPU_DIR/prefix"
@@ -295,7 +298,7 @@ prepare() {
 step_timeout() {
   case "$1" in
     probe) echo 30 ;; unpack) echo 90 ;; configure) echo 150 ;; build) echo 330 ;;
-    cuda_tests) echo 240 ;; bench_titan) echo 170 ;; bench_torch) echo 150 ;; cpu_tests) echo 400 ;;
+    cuda_tests) echo 200 ;; bench_titan) echo 170 ;; bench_torch) echo 150 ;; cpu_tests) echo 400 ;;
   esac
 }
 step_log() {
@@ -308,11 +311,11 @@ step_about() {
   case "$1" in
     probe) echo "what the machine has: GPU, driver, nvcc, cmake, compilers, Python + torch, pkg-config, dpkg, where cuBLASLt/cuDNN/NCCL live (read-only queries)" ;;
     unpack) echo "unpack .gpu/debs/*.deb (dpkg-deb -x, or ar + tar) into .gpu/prefix (libgomp1/libgfortran5/libquadmath0 into .gpu/fallback, linked into .gpu/extra-libs only where the machine lacks them); point the .pc files at the prefix" ;;
-    configure) echo "cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTITAN_CUDA=ON -DTITAN_WERROR=OFF -DPKG_CONFIG_EXECUTABLE=<pkg-config on PATH> [-DTITAN_NVCC=/-DCMAKE_CUDA_COMPILER=<nvcc>] [-DTITAN_CUDNN_LIBRARY=/-DTITAN_CUDNN_INCLUDE=/-DTITAN_NCCL_LIBRARY=/-DTITAN_NCCL_INCLUDE=/-DCUDA_cublasLt_LIBRARY= where found outside the toolkit's own folders]" ;;
+    configure) echo "cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTITAN_CUDA=ON -DTITAN_NVCC_THREADS=4 -DTITAN_WERROR=OFF -DPKG_CONFIG_EXECUTABLE=<pkg-config on PATH> [-DTITAN_NVCC=/-DCMAKE_CUDA_COMPILER=<nvcc>] [-DTITAN_CUDNN_LIBRARY=/-DTITAN_CUDNN_INCLUDE=/-DTITAN_NCCL_LIBRARY=/-DTITAN_NCCL_INCLUDE=/-DCUDA_cublasLt_LIBRARY= where found outside the toolkit's own folders]" ;;
     build) echo "cmake --build build-gpu -j $JOBS (GPU_CHECK_JOBS, default nproc) [-- -k with make]" ;;
     cuda_tests) echo "cd build-gpu && NCCL_SOCKET_IFNAME=lo OMP_NUM_THREADS=2 ctest -R '^cuda/' -j 10 --output-on-failure (tests/cuda/*_spec.lua under busted inside build-gpu/titan, all at once; /usr/share/games/fortunes -> the carried corpus when the machine has none)" ;;
     bench_titan) echo "build-gpu/titan bench/gpu.lua --json .gpu/run/titan.json --budget <step time - 10>" ;;
-    bench_torch) echo "python3 bench/gpu_torch.py --json .gpu/run/torch.json --titan-json .gpu/run/titan.json --budget <step time - 10> (without the prefix on LD_LIBRARY_PATH)" ;;
+    bench_torch) echo "python3 bench/gpu_torch.py --json .gpu/run/torch.json --titan-json .gpu/run/titan.json --budget <step time - 10> (with the machine's own LD_LIBRARY_PATH, not the prefix's)" ;;
     cpu_tests) echo "cd build-gpu && OMP_NUM_THREADS=<jobs/4> ctest -E '^cuda/' -j 4 --output-on-failure (the C and Lua suite; /usr/share/games/fortunes -> the carried corpus when the machine has none; TITAN_REFERENCE_PYTHON/TITAN_HF_PYTHON = python3 with torch)" ;;
   esac
 }
@@ -421,7 +424,7 @@ configure_cmd() {
   local args=(-S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "-DTITAN_WERROR=$werror")
   [ -n "$pc" ] && args+=(-DPKG_CONFIG_EXECUTABLE="$pc")
   if [ -n "$(echo "${CUDA_CMAKE_ARGS:-}" | grep -o TITAN_NVCC)" ]; then
-    args+=(-DTITAN_CUDA=ON)
+    args+=(-DTITAN_CUDA=ON -DTITAN_NVCC_THREADS=4)
   else
     args+=(-DTITAN_CUDA=OFF)
   fi
@@ -443,7 +446,20 @@ build_cmd() {
 cuda_tests_cmd() {
   [ -x "$BUILD/titan" ] || { echo "no $BUILD/titan: the build failed"; return 1; }
   link_corpus
-  "$BUILD/titan" -e 'local t = require("titan"); print("titan " .. t.version() .. " | cuda available: " .. tostring(t.cuda_available()) .. ", devices: " .. t.cuda_device_count() .. " | " .. t.blas_info())'
+  # Without a device Titan can use, every spec would exit 77 (skipped) and
+  # the step would read "ok": say why (the runtime's own error) and fail.
+  "$BUILD/titan" -e '
+    local t = require("titan")
+    print("titan " .. t.version() .. " | cuda available: " .. tostring(t.cuda_available()) .. ", devices: "
+      .. t.cuda_device_count() .. " | " .. t.blas_info())
+    if not t.cuda_available() then
+      local ffi = require("ffi")
+      ffi.cdef("int cudaGetDeviceCount(int *n); const char *cudaGetErrorString(int e);")
+      local n = ffi.new("int[1]")
+      local ok, e = pcall(function() return ffi.C.cudaGetDeviceCount(n) end)
+      print("cudaGetDeviceCount: " .. (ok and (e .. " (" .. ffi.string(ffi.C.cudaGetErrorString(e)) .. ")") or tostring(e)))
+      os.exit(1)
+    end' || { echo "titan cannot use the GPU (see the line above): the CUDA specs would all be skipped"; return 1; }
   # Ten specs at once (one wave: the slowest sets the time), two CPU threads
   # each for their CPU references, on the machine's 16 cores.
   # NCCL at world 1 bootstraps over a local socket; the machine has no
@@ -462,7 +478,7 @@ bench_torch_cmd() { # budget
   local quick=()
   [ "${GPU_CHECK_QUICK:-0}" = "1" ] && quick=(--quick)
   # PyTorch brings its own libraries: none of the prefix's.
-  cd "$ROOT" && env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 python3 bench/gpu_torch.py --json "$SCRATCH/torch.json" \
+  cd "$ROOT" && env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" PYTHONUNBUFFERED=1 python3 bench/gpu_torch.py --json "$SCRATCH/torch.json" \
     --titan-json "$SCRATCH/titan.json" --budget "$1" "${quick[@]}"
 }
 
@@ -482,7 +498,7 @@ cpu_tests_cmd() {
   link_corpus
   local py
   py="$(command -v python3 || true)"
-  if [ -n "$py" ] && env -u LD_LIBRARY_PATH "$py" -c 'import torch' 2>/dev/null; then
+  if [ -n "$py" ] && env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" "$py" -c 'import torch' 2>/dev/null; then
     export TITAN_REFERENCE_PYTHON="$py" TITAN_HF_PYTHON="$py"
     echo "TITAN_REFERENCE_PYTHON=TITAN_HF_PYTHON=$py"
   fi
@@ -665,6 +681,9 @@ write_summary() {
       echo "## CUDA tests"
       echo '```'
       grep -m1 '^titan .*cuda available' "$OUTDIR/cuda_tests.log"
+      grep -m1 '^cudaGetDeviceCount' "$OUTDIR/cuda_tests.log"
+      # which shapes cuDNN refused (the fallback kernel ran instead), once each
+      grep -E 'fallback' "$OUTDIR/cuda_tests.log" | sort -u | head -n 12 | cut -c1-300
       ctest_digest "$OUTDIR/cuda_tests.log"
       echo '```'
     fi
@@ -678,8 +697,11 @@ write_summary() {
       echo
       grep -E '^(## |\||titan |torch |note:|skipped:|error:)' "$OUTDIR/$(step_log "$b")" | cut -c1-400
       if step_failed "$b"; then
+        # killed before its tables: the measurements it printed one by one
         echo
         echo '```'
+        grep -E '^  \[' "$OUTDIR/$(step_log "$b")" | cut -c1-300
+        grep -E 'fallback' "$OUTDIR/$(step_log "$b")" | sort -u | head -n 8 | cut -c1-300
         step_tail "$b" 12
         echo '```'
       fi

@@ -164,15 +164,19 @@ function M.init_rules(a)
     return 0.02 / math.sqrt(2 * a.n_layers)
   end
   local out_std = a.dim ^ -0.5
+  local output_init = function() return { "trunc_normal", std = out_std, a = -3 * out_std, b = 3 * out_std } end
   return {
-    { "^tok_embeddings%.weight$", function() return { "normal", std = 1.0 } end },
+    -- Tied, the embedding is also the output layer: std 1 there would make
+    -- the first logits ~sqrt(dim) times too large (a starting loss near dim
+    -- instead of ln(vocab)), so it takes the output layer's init.
+    { "^tok_embeddings%.weight$", a.tie_embeddings and output_init or function() return { "normal", std = 1.0 } end },
     { "^layers%.%d+%.attention%.w[qkv]%.weight$", function() return { "trunc_normal", std = 0.02 } end },
     { "^layers%.(%d+)%.attention%.wo%.weight$", function(l) return { "trunc_normal", std = depth_std(tonumber(l)) } end },
     { "^layers%.%d+%.feed_forward%.w1%.weight$", function() return { "trunc_normal", std = 0.02 } end },
     { "^layers%.(%d+)%.feed_forward%.w[23]%.weight$",
       function(l) return { "trunc_normal", std = depth_std(tonumber(l)) } end },
     { "norm%.weight$", function() return { "ones" } end },
-    { "^output%.weight$", function() return { "trunc_normal", std = out_std, a = -3 * out_std, b = 3 * out_std } end },
+    { "^output%.weight$", output_init },
   }
 end
 
@@ -215,12 +219,16 @@ function M.build(flavor, opts)
 end
 
 -- Parameter counts and FLOPs per token as TorchTitan counts them:
--- 6 * (N - N_embedding) + 12 * L * H * Q * T.
+-- 6 * (N - N_embedding) + 12 * L * H * Q * T (attention as if not causal),
+-- with a tied embedding counted once, as the output matmul it also is.
 function M.flops_per_token(model, seq_len)
   local a = model.args
   local n = model:num_parameters()
   local n_emb = model.tok_embeddings.weight:numel()
-  local flops = 6 * (n - n_emb) + 12 * a.n_layers * a.n_heads * a.head_dim * seq_len
+  -- The embedding lookup costs nothing, but tied, the same weight is also
+  -- the output matmul, which does.
+  local matmul_params = a.tie_embeddings and n or n - n_emb
+  local flops = 6 * matmul_params + 12 * a.n_layers * a.n_heads * a.head_dim * seq_len
   return flops, n, n_emb
 end
 
