@@ -66,6 +66,7 @@ typedef struct tt_storage {
   void *data;      /* NULL on the meta device */
   size_t nbytes;
   tt_device device;
+  uint32_t streams; /* 1 << tt_stream_kind of each other stream that used it (tt_tensor_record_stream) */
 } tt_storage;
 
 typedef struct tt_tensor {
@@ -121,6 +122,7 @@ typedef struct tt_mem_stats {
   int64_t num_cache_hits; /* requests served from the cache */
   int64_t num_alloc_retries; /* cache flushed and retried after a failure */
   int64_t num_ooms;
+  int64_t pending; /* freed bytes whose reuse waits for another stream's work (in reserved) */
 } tt_mem_stats;
 
 tt_status tt_memory_stats(tt_device dev, tt_mem_stats *out);
@@ -166,6 +168,15 @@ void tt_graph_free(tt_graph *g);
 tt_status tt_tensor_empty(int ndim, const int64_t *shape, int dtype, tt_device dev, tt_tensor **out);
 void tt_tensor_retain(tt_tensor *t);
 void tt_tensor_release(tt_tensor *t);
+/* A device's streams: kernels run on the compute stream, collectives on the
+ * communication stream. */
+typedef enum { TT_STREAM_COMPUTE = 0, TT_STREAM_COMM = 1 } tt_stream_kind;
+/* The tensor's memory is also used by work queued on another stream of its
+ * device that the compute stream does not wait for (as PyTorch's
+ * Tensor.record_stream): when the memory is freed, the caching allocator
+ * records an event on that stream and reuses the block only once the event
+ * has completed. TT_STREAM_COMPUTE and CPU tensors: nothing to do. */
+tt_status tt_tensor_record_stream(const tt_tensor *t, int stream);
 int64_t tt_tensor_numel(const tt_tensor *t);
 int tt_tensor_is_contiguous(const tt_tensor *t);
 /* Address of element 0 (NULL on meta). */

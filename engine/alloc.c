@@ -19,6 +19,16 @@
  * cache freed during the capture is adopted by the pool, since the captured
  * kernels may still touch it on replay. The device's statistics include its
  * pools; each pool also keeps its own.
+ *
+ * Streams: blocks are handed out and reused in the compute stream's order,
+ * which is safe for every kernel queued there. A block that work on
+ * another stream also used (tt_tensor_record_stream: a collective on the
+ * communication stream that the compute stream does not wait for) is not
+ * cached when freed: an event is recorded on that stream and the block
+ * waits on the pool's pending list until the event has completed, checked
+ * without waiting at each allocation, waited for before an out-of-memory
+ * retry and by empty_cache. Blocks of private pools (CUDA graphs, which
+ * capture the compute stream only) wait for the event when they are freed.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -42,11 +52,21 @@ struct tt_mempool {
   struct tt_mempool *next;
 };
 
+/* A freed block waiting for another stream's event before reuse. */
+typedef struct tt_pending {
+  void *ptr;
+  int cls;
+  size_t rounded;
+  void *event;
+  struct tt_pending *next;
+} tt_pending;
+
 typedef struct tt_pool {
   pthread_mutex_t lock;
   tt_cache cache;
   tt_mem_stats stats;
   tt_mempool *mempools; /* this device's private pools, alive or closing */
+  tt_pending *pending;  /* freed blocks other streams may still use */
 } tt_pool;
 
 /* The private pool serving this thread's allocations (on its device). */
@@ -255,6 +275,29 @@ static tt_status tt_mempool_alloc_locked(tt_pool *pool, tt_mempool *mp, const tt
   return TT_OK;
 }
 
+/* Pending blocks whose events have completed go to the cache (wait: every
+ * one, waiting for its event). Lock held. */
+static void tt_pending_collect_locked(tt_pool *pool, tt_device dev, const tt_kernels *be, int wait) {
+  tt_pending **pp = &pool->pending;
+  while (*pp) {
+    tt_pending *p = *pp;
+    int done = wait ? 1 : be->event_query(p->event);
+    if (done == 0) {
+      pp = &p->next;
+      continue;
+    }
+    if (wait || done < 0) (void)be->event_wait(p->event); /* a failed query: be sure before reuse */
+    be->event_free(p->event);
+    *pp = p->next;
+    pool->stats.pending -= (int64_t)p->rounded;
+    if (!(p->cls >= 0 && tt_cache_put(&pool->cache, p->cls, p->ptr))) {
+      be->mem_free(dev.index, p->ptr);
+      pool->stats.reserved -= (int64_t)p->rounded;
+    }
+    free(p);
+  }
+}
+
 tt_status tt_alloc_raw(tt_device dev, size_t nbytes, void **out) {
   *out = NULL;
   if (dev.type == TT_META) return TT_OK;
@@ -274,13 +317,16 @@ tt_status tt_alloc_raw(tt_device dev, size_t nbytes, void **out) {
     pthread_mutex_unlock(&pool->lock);
     return st;
   }
+  if (pool->pending) tt_pending_collect_locked(pool, dev, be, 0);
   void *p = cls >= 0 ? tt_cache_take(&pool->cache, cls) : NULL;
   int hit = p != NULL;
   if (!p) {
     tt_status st = be->mem_alloc(dev.index, rounded, &p);
     if (st != TT_OK || !p) {
-      /* Cached blocks of other sizes may be what stands in the way. */
+      /* Cached blocks of other sizes may be what stands in the way, and
+       * so may blocks still waiting for another stream. */
       pool->stats.num_alloc_retries++;
+      if (pool->pending) tt_pending_collect_locked(pool, dev, be, 1);
       tt_pool_flush_locked(pool, dev, be);
       st = be->mem_alloc(dev.index, rounded, &p);
     }
@@ -351,6 +397,50 @@ void tt_free_raw(tt_device dev, void *ptr, size_t nbytes) {
     be->mem_free(dev.index, ptr);
     pool->stats.reserved -= (int64_t)rounded;
   }
+  pthread_mutex_unlock(&pool->lock);
+}
+
+void tt_free_raw_streams(tt_device dev, void *ptr, size_t nbytes, uint32_t streams) {
+  const uint32_t others = streams & ~(1u << TT_STREAM_COMPUTE);
+  const tt_kernels *be = others && ptr && dev.type == TT_CUDA ? tt_backend(dev) : NULL;
+  if (!be || !be->event_record || !be->event_query) {
+    tt_free_raw(dev, ptr, nbytes);
+    return;
+  }
+  tt_pool *pool = tt_pool_of(dev);
+  if (!pool) return;
+  /* One event per other stream that used the block; only the comm stream
+   * exists besides compute today. */
+  void *ev = NULL;
+  tt_status st = be->event_record(dev.index, TT_STREAM_COMM, &ev);
+  tt_pending *p = st == TT_OK && ev ? malloc(sizeof *p) : NULL;
+  pthread_mutex_lock(&pool->lock);
+  int simple = !p || pool->mempools || tt_active_mempool;
+  pthread_mutex_unlock(&pool->lock);
+  if (simple) {
+    /* No event (or no list node), or private pools in play: wait now, then
+     * free as usual (the stream's work on the block is done). */
+    free(p);
+    if (ev) {
+      (void)be->event_wait(ev);
+      be->event_free(ev);
+    } else {
+      (void)be->synchronize(dev.index);
+    }
+    tt_free_raw(dev, ptr, nbytes);
+    return;
+  }
+  size_t rounded;
+  p->cls = tt_size_class(nbytes, &rounded);
+  p->ptr = ptr;
+  p->rounded = rounded;
+  p->event = ev;
+  pthread_mutex_lock(&pool->lock);
+  pool->stats.num_frees++;
+  pool->stats.allocated -= (int64_t)rounded;
+  pool->stats.pending += (int64_t)rounded;
+  p->next = pool->pending;
+  pool->pending = p;
   pthread_mutex_unlock(&pool->lock);
 }
 
@@ -438,6 +528,7 @@ void tt_memory_empty_cache(tt_device dev) {
   const tt_kernels *be = tt_backend(dev);
   if (!pool || !be) return;
   pthread_mutex_lock(&pool->lock);
+  if (pool->pending) tt_pending_collect_locked(pool, dev, be, 1);
   tt_pool_flush_locked(pool, dev, be);
   pthread_mutex_unlock(&pool->lock);
 }

@@ -25,6 +25,8 @@ tt_status tt_device_report(tt_device dev);
 /* Caching allocator (alloc.c): per device, size-bucketed free lists. */
 tt_status tt_alloc_raw(tt_device dev, size_t nbytes, void **out);
 void tt_free_raw(tt_device dev, void *ptr, size_t nbytes);
+/* tt_free_raw for a block that other streams (1 << tt_stream_kind) used. */
+void tt_free_raw_streams(tt_device dev, void *ptr, size_t nbytes, uint32_t streams);
 /* The device a private pool serves. */
 tt_device tt_mempool_device(const tt_mempool *pool);
 /* The size class of an n-byte request (< TT_NUM_CLASSES; -1: too large to

@@ -19,9 +19,19 @@ int64_t tt_tensor_live_count(void) { return __atomic_load_n(&tt_live_tensors, __
 static void tt_storage_release(tt_storage *s) {
   if (!s) return;
   if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
-    tt_free_raw(s->device, s->data, s->nbytes);
+    tt_free_raw_streams(s->device, s->data, s->nbytes, __atomic_load_n(&s->streams, __ATOMIC_ACQUIRE));
     free(s);
   }
+}
+
+tt_status tt_tensor_record_stream(const tt_tensor *t, int stream) {
+  if (!t) return tt_error_set(TT_ERR_INVALID, "record_stream: no tensor");
+  if (stream != TT_STREAM_COMPUTE && stream != TT_STREAM_COMM)
+    return tt_error_set(TT_ERR_INVALID, "record_stream: stream %d; expected TT_STREAM_COMPUTE (0) or TT_STREAM_COMM (1)",
+                        stream);
+  if (stream == TT_STREAM_COMPUTE || !t->storage || t->device.type != TT_CUDA) return TT_OK;
+  __atomic_or_fetch(&t->storage->streams, 1u << stream, __ATOMIC_RELEASE);
+  return TT_OK;
 }
 
 static tt_tensor *tt_tensor_alloc_struct(void) {

@@ -95,6 +95,11 @@ typedef struct tt_kernels {
   /* Blocks the calling thread (any thread) until the event has completed. */
   tt_status (*event_wait)(void *event);
   void (*event_free)(void *event);
+  /* *event: recorded now on `stream` (tt_stream_kind) of the device, for
+   * event_query / event_wait, then event_free. NULL on the CPU. */
+  tt_status (*event_record)(int device, int stream, void **event);
+  /* 1: the event's work is done; 0: not yet; < 0: the query failed. */
+  int (*event_query)(void *event);
 
   /* -- data movement -- */
   /* dst[idx] = (dst_dtype) src[idx] over an ndim index space. */

@@ -303,6 +303,8 @@ static tt_kernels tt_cuda_table_make(void) {
   k.copy_to_host_async = tt_cuda_copy_to_host_async;
   k.event_wait = tt_cuda_event_wait;
   k.event_free = tt_cuda_event_free;
+  k.event_record = tt_cuda_event_record;
+  k.event_query = tt_cuda_event_query;
   return k;
 }
 

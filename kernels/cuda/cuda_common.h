@@ -59,6 +59,8 @@ void tt_cuda_host_free(void *ptr);
 tt_status tt_cuda_copy_to_host_async(int device, void *dst, const void *src, size_t nbytes, void **event);
 tt_status tt_cuda_event_wait(void *event);
 void tt_cuda_event_free(void *event);
+tt_status tt_cuda_event_record(int device, int stream, void **event);
+int tt_cuda_event_query(void *event);
 
 /* rng.cu: arange and random numbers (the same Philox stream as the CPU). */
 tt_status tt_cuda_arange(int dtype, int64_t n, double start, double step, void *dst);

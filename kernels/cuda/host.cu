@@ -86,3 +86,33 @@ extern "C" void tt_cuda_event_free(void *event) {
   cudaError_t err = cudaEventDestroy((cudaEvent_t)event);
   if (err != cudaSuccess) tt_cuda_fail(err, "cudaEventDestroy", __FILE__, __LINE__);
 }
+
+/* An event on one of the device's streams (the caching allocator's
+ * record_stream: a freed block waits for it before reuse). */
+extern "C" tt_status tt_cuda_event_record(int device, int stream, void **event) {
+  *event = NULL;
+  if (stream != TT_STREAM_COMPUTE && stream != TT_STREAM_COMM)
+    return tt_error_set(TT_ERR_INVALID, "cuda: event_record on stream %d (expected compute or comm)", stream);
+  cudaStream_t compute;
+  tt_status st = tt_cuda_select(device, &compute);
+  if (st != TT_OK) return st;
+  cudaStream_t s = stream == TT_STREAM_COMM ? (cudaStream_t)tt_cuda_comm_stream(device) : compute;
+  if (!s) return tt_error_set(TT_ERR_INTERNAL, "cuda: no stream %d on device %d", stream, device);
+  tt_cuda_event_guard ev = {NULL};
+  TT_CUDA_CHECK(cudaEventCreateWithFlags(&ev.e, cudaEventDisableTiming));
+  TT_CUDA_CHECK(cudaEventRecord(ev.e, s));
+  *event = (void *)ev.e;
+  ev.e = NULL;
+  return TT_OK;
+}
+
+extern "C" int tt_cuda_event_query(void *event) {
+  cudaError_t err = cudaEventQuery((cudaEvent_t)event);
+  if (err == cudaSuccess) return 1;
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError(); /* "not yet" is not an error: do not leave it behind */
+    return 0;
+  }
+  tt_cuda_fail(err, "cudaEventQuery", __FILE__, __LINE__);
+  return -1;
+}

@@ -92,6 +92,7 @@ function titan.memory_stats(device)
     num_cache_hits = tonumber(stats.num_cache_hits),
     num_alloc_retries = tonumber(stats.num_alloc_retries),
     num_ooms = tonumber(stats.num_ooms),
+    pending = tonumber(stats.pending), -- freed, waiting for another stream's work before reuse
   }
 end
 function titan.reset_peak_memory(device) C.tt_memory_reset_peak(tensor.device_of(device)) end

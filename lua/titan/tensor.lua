@@ -129,6 +129,17 @@ M.cptr = cptr
 
 function Tensor:ptr() return cptr(self) end
 
+-- Work queued on another stream of the device ("comm": collectives) that the
+-- compute stream does not wait for also uses this memory: when it is freed,
+-- the allocator reuses it only after that work (tt_tensor_record_stream).
+local STREAMS = { compute = 0, comm = 1 }
+function Tensor:record_stream(stream)
+  local s = STREAMS[stream]
+  if not s then error(("record_stream: unknown stream '%s'; expected 'compute' or 'comm'"):format(tostring(stream)), 2) end
+  check(C.tt_tensor_record_stream(cptr(self), s), 2)
+  return self
+end
+
 -- ---- shape and properties ------------------------------------------------
 
 function Tensor:dim() return cptr(self).ndim end

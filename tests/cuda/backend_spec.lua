@@ -69,6 +69,42 @@ describe("cuda backend", function()
     assert.are.equal(s0.allocated, titan.memory_stats("cuda:0").allocated)
   end)
 
+  -- A block the communication stream used (record_stream) is not reused
+  -- before an event recorded on that stream when it was freed has completed:
+  -- it waits as "pending" (still reserved, no longer allocated), the next
+  -- allocation after the event collects it into the cache, and empty_cache
+  -- waits for such blocks and releases them.
+  it("record_stream: a freed block waits for the comm stream before reuse", function()
+    titan.synchronize("cuda")
+    titan.empty_cache("cuda:0")
+    local n = 3 * 2 ^ 20 + 5 -- a size class nothing else here uses
+    local t = titan.empty({ n }, { device = "cuda" })
+    assert.are.equal(t, t:record_stream("comm"))
+    local s0 = titan.memory_stats("cuda:0")
+    t:free()
+    local s1 = titan.memory_stats("cuda:0")
+    assert.truthy(s1.pending >= 4 * n, "pending " .. s1.pending)
+    assert.are.equal(s0.allocated - s1.pending, s1.allocated)
+    assert.are.equal(s0.reserved, s1.reserved)
+    titan.synchronize("cuda") -- the comm stream's work (none) is done: the event completes
+    local u = titan.empty({ n }, { device = "cuda" })
+    local s2 = titan.memory_stats("cuda:0")
+    assert.are.equal(0, s2.pending)
+    assert.are.equal(s1.num_cache_hits + 1, s2.num_cache_hits) -- the very block, from the cache
+    assert.are.equal(s1.reserved, s2.reserved)
+    u:record_stream("comm")
+    u:free()
+    assert.truthy(titan.memory_stats("cuda:0").pending > 0)
+    titan.empty_cache("cuda:0")
+    local s3 = titan.memory_stats("cuda:0")
+    assert.are.equal(0, s3.pending)
+    assert.are.equal(s2.reserved - s1.pending, s3.reserved)
+    -- the compute stream needs nothing: freed straight into the cache
+    local v = titan.empty({ n }, { device = "cuda" }):record_stream("compute")
+    v:free()
+    assert.are.equal(0, titan.memory_stats("cuda:0").pending)
+  end)
+
   -- (Every op is compared with the CPU in ops_spec.lua, attention_spec.lua
   -- and model_spec.lua; an op without a CUDA kernel fails there.)
   it("an op mixing CPU and CUDA tensors fails with a clear message", function()

@@ -141,4 +141,18 @@ describe("memory", function()
     assert.truthy(s1.reserved >= s1.allocated)
     t2:free()
   end)
+
+  -- The CPU has one stream: record_stream changes nothing there (the GPU
+  -- side is tests/cuda/backend_spec.lua); a stream it does not know is one line.
+  it("record_stream on the CPU frees as usual; an unknown stream name is an error", function()
+    local s0 = titan.memory_stats("cpu")
+    local t = titan.empty({ 1000 }):record_stream("comm")
+    t:free()
+    local s1 = titan.memory_stats("cpu")
+    assert.are.equal(0, s1.pending)
+    assert.are.equal(s0.allocated, s1.allocated)
+    local ok, err = pcall(function() titan.empty({ 4 }):record_stream("copy") end)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("record_stream: unknown stream 'copy'; expected 'compute' or 'comm'", 1, true), err)
+  end)
 end)
