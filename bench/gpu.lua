@@ -399,8 +399,10 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
     local r = guarded("train", label .. " " .. dt, need, function()
       -- What the run holds on the device, released whether it ends or fails
       -- (a graph left alive would also keep later attention shapes off cuDNN).
-      local model, opt, graph, upd, plan, norm_clip
+      local model, opt, graph, upd, plan, norm_clip, eager_nc
       local function cleanup()
+        if eager_nc then eager_nc:free() end
+        eager_nc = nil
         if graph then graph:free() end
         if upd then upd:free() end
         if plan then opt:free_device_plan(plan) end
@@ -444,6 +446,9 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
           loss:backward()
           return loss
         end
+        -- As the trainer does: the loss is read once, after the update; the
+        -- eager update runs through the device path (no wait for the norm).
+        local loss_t
         local function step(i)
           if graphs and i > 1 then
             if not graph then
@@ -452,9 +457,9 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
               if not graph then error("cuda graph capture failed: " .. why, 0) end
             end
             graph:replay()
-            last_loss = graph.outputs.loss:item()
+            loss_t = graph.outputs.loss
           else
-            last_loss = titan.scope(function() return fwd_bwd():item() end)
+            loss_t = titan.scope(function() return titan.keep(fwd_bwd()) end)
           end
           if graphs and i > 1 then
             -- the update as a second graph, as training.cuda_graphs does
@@ -474,10 +479,18 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
             opt:prepare_device_step(plan)
             upd:replay()
           else
-            optim.clip_grad_norm(params, 1.0)
-            opt:step()
+            local grads = {}
+            for _, p in ipairs(params) do grads[#grads + 1] = p.grad end
+            eager_nc = eager_nc or titan.keep(titan.zeros({ 2 }, { dtype = "float64", device = DEV }))
+            titan.ops.global_norm_dev_(grads, 1.0, eager_nc)
+            if not opt:step_on_device(eager_nc) then -- float64: the host path
+              optim.clip_grad_norm(params, 1.0)
+              opt:step()
+            end
             opt:zero_grad({ set_to_none = not graphs }) -- a graph accumulates into the same buffers
           end
+          last_loss = loss_t:item()
+          if not (graphs and i > 1) then loss_t:free() end
         end
         local ts = {}
         for i = 1, warmup + steps do

@@ -144,6 +144,19 @@ function AdamW:launch_device_step(plan, norm_clip)
   for _, b in ipairs(plan.batches) do ops.adamw_multi_dev_(b, self:group_hp(b), b.scalars, norm_clip) end
 end
 
+-- One step through the device path without a graph (what the trainer's
+-- eager update does on a GPU: no host wait for the clip coefficient). nil
+-- and why when a parameter needs the host step.
+function AdamW:step_on_device(norm_clip)
+  local plan, why = self:device_plan()
+  if not plan then return nil, why end
+  self:prepare_device_step(plan)
+  self:launch_device_step(plan, norm_clip)
+  -- Queued on the compute stream, which also orders the reuse of these.
+  self:free_device_plan(plan)
+  return true
+end
+
 function AdamW:free_device_plan(plan)
   for _, b in ipairs(plan.batches) do
     if b.scalars then b.scalars:free() end

@@ -14,6 +14,8 @@ local optim = require("titan.optim")
 local lr_scheduler = require("titan.lr_scheduler")
 local metrics = require("titan.metrics")
 local ckpt = require("titan.checkpoint")
+local memory = require("titan.memory")
+local ops = require("titan.ops")
 local F = titan.F
 
 local M = {}
@@ -49,13 +51,30 @@ end
 -- The micro-batches, eagerly: every one runs inside its own scope, so
 -- activations are released as soon as its backward is done; gradients
 -- accumulate in the parameters' .grad. Returns the summed loss.
+-- With several micro-batches the losses stay on the device until the last
+-- one (on a GPU: one wait per step, not one per micro-batch); the sum is
+-- the same either way.
 function M.run_micro_batches(tr, batches, ctx)
+  local n = #batches
+  local on_device = n > 1
+  local losses
   local loss_sum = 0
   for i, b in ipairs(batches) do
-    loss_sum = loss_sum + titan.scope(function() return M.forward_backward(tr, b, ctx):item() end)
+    local v = titan.scope(function()
+      local loss = M.forward_backward(tr, b, ctx)
+      if not on_device then return loss:item() end
+      losses = losses or memory.keep(titan.empty({ n }, { dtype = loss:dtype(), device = loss:device() }))
+      losses:narrow(1, i, 1):copy_(loss:reshape(1))
+      return nil
+    end)
+    if v then loss_sum = loss_sum + v end
     b.inputs:free()
     b.targets:free()
     batches[i] = nil
+  end
+  if losses then
+    for _, v in ipairs(losses:tolist_flat()) do loss_sum = loss_sum + v end
+    losses:free()
   end
   return loss_sum
 end
@@ -227,11 +246,51 @@ end
 -- with a replay of the same three, which returns a function reading the
 -- norm back.)
 function Trainer:update(params)
+  -- device_update: nil = on for GPU devices; true forces it (specs run it
+  -- on the CPU, whose backend has the same ops); false = the host path.
+  if self.device_update or (self.device_update == nil and self.device ~= "cpu") then
+    local norm = self:update_on_device(params)
+    if norm then return norm end
+  end
   local grad_norm = optim.clip_grad_norm(params, self.cfg.training.max_norm)
   self.optimizer:step()
   -- A captured graph accumulates into these very buffers: zero, keep them.
   self.optimizer:zero_grad({ set_to_none = self.graph_state == nil })
   return grad_norm
+end
+
+-- The same update on a GPU with no host wait: the norm and clip
+-- coefficient stay on the device, and AdamW reads them and its step's
+-- scalars there (as the update graph does; the same bits as the host
+-- path). Returns a function that reads the norm back, or nil (and the
+-- host path runs from then on) when the optimizer cannot.
+function Trainer:update_on_device(params)
+  local opt = self.optimizer
+  local grads = {}
+  for _, p in ipairs(params) do
+    if p.grad then grads[#grads + 1] = p.grad end
+  end
+  if #grads == 0 or type(opt.step_on_device) ~= "function" then
+    self.device_update = false
+    return nil
+  end
+  local max_norm = self.cfg.training.max_norm
+  local clip = max_norm and max_norm > 0
+  if self.norm_clip then self.norm_clip:free() end -- the previous step's, read by now if it was logged
+  local norm_clip = memory.keep(titan.zeros({ 2 }, { dtype = "float64", device = self.device }))
+  self.norm_clip = norm_clip
+  ops.global_norm_dev_(grads, clip and max_norm or 0, norm_clip)
+  local ok, why = opt:step_on_device(clip and norm_clip or nil)
+  if not ok then
+    -- nothing was updated: the host path takes this step and the rest
+    self.print("trainer: the optimizer step stays on the host: " .. why)
+    self.device_update = false
+    norm_clip:free()
+    self.norm_clip = nil
+    return nil
+  end
+  self.optimizer:zero_grad({ set_to_none = self.graph_state == nil })
+  return function() return norm_clip:tolist_flat()[1] end
 end
 
 -- Run steps until training.steps (or `until_step`). Returns the list of losses.
@@ -271,6 +330,7 @@ end
 
 function Trainer:close()
   if self.graph_state then require("titan.graph_step").release(self) end
+  if self.norm_clip then self.norm_clip:free(); self.norm_clip = nil end
   self.checkpoint:close()
   self.logger:close()
 end

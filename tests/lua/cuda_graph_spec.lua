@@ -20,10 +20,12 @@ local function cfg_of(overrides)
 end
 
 -- Trains `steps` steps; returns the losses, the log lines and the final weights.
-local function run(recipe, argv, steps)
+-- setup(tr), if given, runs before training.
+local function run(recipe, argv, steps, setup)
   local cfg = config.resolve(recipe, argv)
   local lines = {}
   local tr = trainer.new(cfg, { print = function(l) lines[#lines + 1] = l end })
+  if setup then setup(tr) end
   local ok, losses = pcall(tr.train, tr, steps)
   local weights = {}
   if ok then
@@ -118,6 +120,44 @@ describe("cuda graphs without a GPU", function()
       assert.is_true(tonumber(ne[6]) > 0.05) -- clipping was active
     end)
   end
+
+  -- What a GPU's eager step does (no graph): the update through the device
+  -- path, with no host wait for the clip coefficient. Forced on the CPU,
+  -- whose backend has the same ops, it matches the host path bit for bit.
+  it("the eager update through the device path matches the host path, clipping active", function()
+    local opts = { "--training.max_norm=0.05", "--lr_scheduler.warmup_steps=4", "--metrics.log_freq=1",
+      "--training.global_batch_tokens=128" }
+    local r, a = cfg_of(opts)
+    local host, lines_h, w_host = run(r, a, 5, function(tr) tr.device_update = false end)
+    local r2, a2 = cfg_of(opts)
+    local used = 0
+    local dev, lines_d, w_dev = run(r2, a2, 5, function(tr)
+      tr.device_update = true
+      local inner = tr.update_on_device
+      tr.update_on_device = function(self, params)
+        local norm = inner(self, params)
+        if norm then used = used + 1 end
+        return norm
+      end
+    end)
+    assert.are.equal(5, used)
+    assert.are.same(host, dev)
+    same_weights(w_host, w_dev)
+    local function norms(ls)
+      local out = {}
+      for _, l in ipairs(ls) do out[#out + 1] = l:match("grad_norm:%s+([%d%.e+-]+)") end
+      return out
+    end
+    assert.are.same(norms(lines_h), norms(lines_d))
+    -- float64 parameters: the host path, said once
+    local r3, a3 = cfg_of({ "--training.mixed_precision_param=float64" })
+    local _, lines3 = run(r3, a3, 2, function(tr) tr.device_update = true end)
+    local said = 0
+    for _, l in ipairs(lines3) do
+      if l:find("the optimizer step stays on the host: float64", 1, true) then said = said + 1 end
+    end
+    assert.are.equal(1, said, table.concat(lines3, "\n"))
+  end)
 
   it("float64 parameters keep the eager update, said once, and still train the same", function()
     local opts = { "--training.mixed_precision_param=float64" }
