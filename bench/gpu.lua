@@ -409,11 +409,7 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
         if norm_clip then norm_clip:free() end
         graph, upd, plan, norm_clip = nil, nil, nil, nil
         if opt then
-          for _, st in pairs(opt.state) do
-            st.exp_avg:free()
-            st.exp_avg_sq:free()
-            if st.master then st.master:free() end
-          end
+          opt:free_state()
           opt = nil
         end
         if model then

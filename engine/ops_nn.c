@@ -541,6 +541,44 @@ tt_status tt_op_adamw(tt_tensor *param, const tt_tensor *grad, tt_tensor *m, tt_
                    eps, weight_decay, bc1, bc2), "adamw", be, param->dtype);
 }
 
+/* The per-tensor checks of a multi-tensor update (op: its name); steps may
+ * be NULL (the device-scalar update, whose steps the host keeps). */
+static tt_status tt_chk_adamw_many(const char *name, int n, tt_tensor *const *params, tt_tensor *const *grads,
+                                   tt_tensor *const *ms, tt_tensor *const *vs, tt_tensor *const *masters,
+                                   const int64_t *steps) {
+  char op[64];
+  for (int i = 0; i < n; i++) {
+    snprintf(op, sizeof op, "%s: tensor %d", name, i);
+    if (!params[i] || !grads[i] || !ms[i] || !vs[i])
+      return tt_error_set(TT_ERR_INVALID, "%s: param, grad, exp_avg and exp_avg_sq must all be given", op);
+    TT_TRY(tt_chk_adamw(op, params[i], grads[i], ms[i], vs[i], masters ? masters[i] : NULL, steps ? steps[i] : 1));
+    TT_TRY(tt_chk_same_device(op, "param", params[i], "the first param", params[0]));
+  }
+  return TT_OK;
+}
+
+/* Packs the run of consecutive tensors from i with tensor i's dtypes (at
+ * most TT_ADAMW_MULTI_MAX) into run; returns its length. Bias corrections
+ * from steps, or 0 when steps is NULL (the kernel reads them from memory). */
+static int tt_adamw_pack(int i, int n, tt_tensor *const *params, tt_tensor *const *grads, tt_tensor *const *ms,
+                         tt_tensor *const *vs, tt_tensor *const *masters, double beta1, double beta2,
+                         const int64_t *steps, tt_adamw_tensor *run) {
+  const int pd = params[i]->dtype, gd = grads[i]->dtype;
+  int k = 0;
+  for (; i < n && k < TT_ADAMW_MULTI_MAX && params[i]->dtype == pd && grads[i]->dtype == gd; i++) {
+    tt_adamw_tensor *t = &run[k++];
+    t->param = tt_tensor_data(params[i]);
+    t->grad = tt_tensor_data(grads[i]);
+    t->m = tt_tensor_data(ms[i]);
+    t->v = tt_tensor_data(vs[i]);
+    t->master = masters && masters[i] ? tt_tensor_data(masters[i]) : NULL;
+    t->n = tt_tensor_numel(params[i]);
+    t->bias_correction1 = steps ? 1.0 - pow(beta1, (double)steps[i]) : 0;
+    t->bias_correction2 = steps ? 1.0 - pow(beta2, (double)steps[i]) : 0;
+  }
+  return k;
+}
+
 /* Every tensor is checked before any is updated, so a bad one leaves all
  * as they were. Runs of consecutive tensors with the same dtypes go to the
  * backend's adamw_multi as one call (one launch per TT_ADAMW_MULTI_MAX on
@@ -548,33 +586,16 @@ tt_status tt_op_adamw(tt_tensor *param, const tt_tensor *grad, tt_tensor *m, tt_
 tt_status tt_op_adamw_multi(int n, tt_tensor *const *params, tt_tensor *const *grads, tt_tensor *const *ms,
                             tt_tensor *const *vs, tt_tensor *const *masters, double lr, double beta1, double beta2,
                             double eps, double weight_decay, const int64_t *steps) {
-  char op[64];
   if (n < 0) return tt_error_set(TT_ERR_INVALID, "adamw_multi: n = %d tensors", n);
   TT_TRY(tt_chk_adamw_hp("adamw_multi", lr, beta1, beta2, eps, weight_decay));
-  for (int i = 0; i < n; i++) {
-    snprintf(op, sizeof op, "adamw_multi: tensor %d", i);
-    if (!params[i] || !grads[i] || !ms[i] || !vs[i])
-      return tt_error_set(TT_ERR_INVALID, "%s: param, grad, exp_avg and exp_avg_sq must all be given", op);
-    TT_TRY(tt_chk_adamw(op, params[i], grads[i], ms[i], vs[i], masters ? masters[i] : NULL, steps[i]));
-    TT_TRY(tt_chk_same_device(op, "param", params[i], "the first param", params[0]));
-  }
+  TT_TRY(tt_chk_adamw_many("adamw_multi", n, params, grads, ms, vs, masters, steps));
   if (n == 0 || params[0]->device.type == TT_META) return TT_OK;
   TT_KERNEL(be, params[0]->device, adamw, "adamw_multi");
   tt_adamw_tensor run[TT_ADAMW_MULTI_MAX];
   for (int i = 0; i < n;) {
-    int pd = params[i]->dtype, gd = grads[i]->dtype, k = 0;
-    while (i < n && k < TT_ADAMW_MULTI_MAX && params[i]->dtype == pd && grads[i]->dtype == gd) {
-      tt_adamw_tensor *t = &run[k++];
-      t->param = tt_tensor_data(params[i]);
-      t->grad = tt_tensor_data(grads[i]);
-      t->m = tt_tensor_data(ms[i]);
-      t->v = tt_tensor_data(vs[i]);
-      t->master = masters && masters[i] ? tt_tensor_data(masters[i]) : NULL;
-      t->n = tt_tensor_numel(params[i]);
-      t->bias_correction1 = 1.0 - pow(beta1, (double)steps[i]);
-      t->bias_correction2 = 1.0 - pow(beta2, (double)steps[i]);
-      i++;
-    }
+    const int pd = params[i]->dtype, gd = grads[i]->dtype;
+    const int k = tt_adamw_pack(i, n, params, grads, ms, vs, masters, beta1, beta2, steps, run);
+    i += k;
     tt_status st;
     if (be->adamw_multi) {
       st = tt_kernel_check(be->adamw_multi(pd, gd, k, run, lr, beta1, beta2, eps, weight_decay), "adamw_multi", be, pd);
@@ -626,18 +647,13 @@ static tt_status tt_chk_scalar_vec(const char *op, const char *name, const tt_te
 tt_status tt_op_adamw_multi_dev(int n, tt_tensor *const *params, tt_tensor *const *grads, tt_tensor *const *ms,
                                 tt_tensor *const *vs, tt_tensor *const *masters, double beta1, double beta2,
                                 double eps, const tt_tensor *scalars, const tt_tensor *norm_clip) {
-  char op[64];
   if (n < 0) return tt_error_set(TT_ERR_INVALID, "adamw_multi_dev: n = %d tensors", n);
   TT_TRY(tt_chk_adamw_hp("adamw_multi_dev", 0, beta1, beta2, eps, 0));
-  for (int i = 0; i < n; i++) {
-    snprintf(op, sizeof op, "adamw_multi_dev: tensor %d", i);
-    if (!params[i] || !grads[i] || !ms[i] || !vs[i])
-      return tt_error_set(TT_ERR_INVALID, "%s: param, grad, exp_avg and exp_avg_sq must all be given", op);
-    TT_TRY(tt_chk_adamw(op, params[i], grads[i], ms[i], vs[i], masters ? masters[i] : NULL, 1));
-    TT_TRY(tt_chk_same_device(op, "param", params[i], "the first param", params[0]));
+  TT_TRY(tt_chk_adamw_many("adamw_multi_dev", n, params, grads, ms, vs, masters, NULL));
+  for (int i = 0; i < n; i++)
     if (params[i]->dtype == TT_F64 || grads[i]->dtype == TT_F64)
-      return tt_error_set(TT_ERR_DTYPE, "%s: float64 params and grads take tt_op_adamw_multi (host scalars)", op);
-  }
+      return tt_error_set(TT_ERR_DTYPE, "adamw_multi_dev: tensor %d: float64 params and grads take tt_op_adamw_multi "
+                          "(host scalars)", i);
   if (n == 0 || params[0]->device.type == TT_META) return TT_OK;
   tt_device dev = params[0]->device;
   TT_TRY(tt_chk_scalar_vec("adamw_multi_dev", "scalars", scalars, TT_F32, 1 + 2 * (int64_t)n, dev));
@@ -649,18 +665,9 @@ tt_status tt_op_adamw_multi_dev(int n, tt_tensor *const *params, tt_tensor *cons
   const double *gscale = norm_clip ? (const double *)tt_tensor_data(norm_clip) + 1 : NULL;
   tt_adamw_tensor run[TT_ADAMW_MULTI_MAX];
   for (int i = 0; i < n;) {
-    int pd = params[i]->dtype, gd = grads[i]->dtype, k = 0, first = i;
-    while (i < n && k < TT_ADAMW_MULTI_MAX && params[i]->dtype == pd && grads[i]->dtype == gd) {
-      tt_adamw_tensor *t = &run[k++];
-      t->param = tt_tensor_data(params[i]);
-      t->grad = tt_tensor_data(grads[i]);
-      t->m = tt_tensor_data(ms[i]);
-      t->v = tt_tensor_data(vs[i]);
-      t->master = masters && masters[i] ? tt_tensor_data(masters[i]) : NULL;
-      t->n = tt_tensor_numel(params[i]);
-      t->bias_correction1 = t->bias_correction2 = 0; /* read from the pairs */
-      i++;
-    }
+    const int pd = params[i]->dtype, gd = grads[i]->dtype, first = i;
+    const int k = tt_adamw_pack(i, n, params, grads, ms, vs, masters, beta1, beta2, NULL, run);
+    i += k;
     TT_TRY(tt_kernel_check(be->adamw_multi_dev(pd, gd, k, run, beta1, beta2, eps, sc, sc + 1 + 2 * first, gscale),
                            "adamw_multi_dev", be, pd));
   }

@@ -651,10 +651,37 @@ static void tt_sumsq_plan(int64_t n, tt_sumsq_args *a, unsigned int *segs, const
   *segs += (unsigned int)nseg;
 }
 
-/* The sums of squares of k tensors with one read-back for all: runs of
- * consecutive tensors of one dtype (up to TT_FOREACH_MAX) take two
- * launches each; every result lands in its own workspace slot after the
- * partials' area, then the slots come to the host together. */
+/* slots[i] = the sum of squares of tensor i < k: runs of consecutive
+ * tensors of one dtype (up to TT_FOREACH_MAX) take two launches each, their
+ * partials in part (TT_FOREACH_MAX * TT_SUMSQ_MAX_SEGS doubles). */
+static tt_status tt_sumsq_slots(cudaStream_t s, int k, const int *dtypes, const int64_t *ns, const void *const *xs,
+                                double *part, double *slots) {
+  for (int i = 0; i < k;) {
+    const int dt = dtypes[i];
+    tt_sumsq_args a;
+    memset(&a, 0, sizeof a);
+    unsigned int segs = 0;
+    const int first = i;
+    while (i < k && a.count < TT_FOREACH_MAX && dtypes[i] == dt) {
+      tt_sumsq_plan(ns[i], &a, &segs, xs[i]);
+      i++;
+    }
+    a.first_seg[a.count] = segs;
+    tt_status st;
+    switch (dt) {
+      case TT_F32: st = tt_sumsq_run<TT_F32>(s, a, part, slots + first); break;
+      case TT_F64: st = tt_sumsq_run<TT_F64>(s, a, part, slots + first); break;
+      case TT_BF16: st = tt_sumsq_run<TT_BF16>(s, a, part, slots + first); break;
+      default: st = tt_sumsq_run<TT_F16>(s, a, part, slots + first); break;
+    }
+    if (st != TT_OK) return st;
+  }
+  return TT_OK;
+}
+
+/* The sums of squares of k tensors with one read-back for all: every
+ * result lands in its own workspace slot after the partials' area, then
+ * the slots come to the host together. */
 extern "C" tt_status tt_cuda_sumsq_many(int k, const int *dtypes, const int64_t *ns, const void *const *xs,
                                         double *out) {
   for (int i = 0; i < k; i++)
@@ -673,25 +700,7 @@ extern "C" tt_status tt_cuda_sumsq_many(int k, const int *dtypes, const int64_t 
   double *part = (double *)ws, *slots = part + part_len;
   for (int done = 0; done < k;) {
     int batch = (int)(k - done < max_slots ? k - done : max_slots);
-    for (int i = 0; i < batch;) {
-      const int dt = dtypes[done + i];
-      tt_sumsq_args a;
-      memset(&a, 0, sizeof a);
-      unsigned int segs = 0;
-      const int first = i;
-      while (i < batch && a.count < TT_FOREACH_MAX && dtypes[done + i] == dt) {
-        tt_sumsq_plan(ns[done + i], &a, &segs, xs[done + i]);
-        i++;
-      }
-      a.first_seg[a.count] = segs;
-      switch (dt) {
-        case TT_F32: st = tt_sumsq_run<TT_F32>(s, a, part, slots + first); break;
-        case TT_F64: st = tt_sumsq_run<TT_F64>(s, a, part, slots + first); break;
-        case TT_BF16: st = tt_sumsq_run<TT_BF16>(s, a, part, slots + first); break;
-        default: st = tt_sumsq_run<TT_F16>(s, a, part, slots + first); break;
-      }
-      if (st != TT_OK) return st;
-    }
+    if ((st = tt_sumsq_slots(s, batch, dtypes + done, ns + done, xs + done, part, slots)) != TT_OK) return st;
     TT_CUDA_CHECK(cudaMemcpyAsync(out + done, slots, (size_t)batch * sizeof(double), cudaMemcpyDeviceToHost, s));
     TT_CUDA_CHECK(cudaStreamSynchronize(s));
     done += batch;
@@ -732,25 +741,7 @@ extern "C" tt_status tt_cuda_global_norm_dev(int k, const int *dtypes, const int
   void *ws;
   if ((st = tt_cuda_workspace(device, &ws, &hold)) != TT_OK) return st;
   double *part = (double *)ws, *slots = part + part_len;
-  for (int i = 0; i < k;) {
-    const int dt = dtypes[i];
-    tt_sumsq_args a;
-    memset(&a, 0, sizeof a);
-    unsigned int segs = 0;
-    const int first = i;
-    while (i < k && a.count < TT_FOREACH_MAX && dtypes[i] == dt) {
-      tt_sumsq_plan(ns[i], &a, &segs, xs[i]);
-      i++;
-    }
-    a.first_seg[a.count] = segs;
-    switch (dt) {
-      case TT_F32: st = tt_sumsq_run<TT_F32>(s, a, part, slots + first); break;
-      case TT_F64: st = tt_sumsq_run<TT_F64>(s, a, part, slots + first); break;
-      case TT_BF16: st = tt_sumsq_run<TT_BF16>(s, a, part, slots + first); break;
-      default: st = tt_sumsq_run<TT_F16>(s, a, part, slots + first); break;
-    }
-    if (st != TT_OK) return st;
-  }
+  if ((st = tt_sumsq_slots(s, k, dtypes, ns, xs, part, slots)) != TT_OK) return st;
   tt_global_norm_fold<<<1, 32, 0, s>>>(k, slots, max_norm, out);
   TT_CUDA_CHECK_LAUNCH("tt_global_norm_fold");
   return TT_OK;

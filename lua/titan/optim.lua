@@ -183,6 +183,17 @@ function AdamW:zero_grad(opts)
   if #grads > 0 then ops.fill_multi_(grads, 0) end
 end
 
+-- Releases the optimizer state (moments, masters) now; the next step
+-- creates it again.
+function AdamW:free_state()
+  for _, st in pairs(self.state) do
+    st.exp_avg:free()
+    st.exp_avg_sq:free()
+    if st.master then st.master:free() end
+  end
+  self.state = {}
+end
+
 -- State for checkpoints: {step_count, lr_factor, per-name {step, exp_avg, exp_avg_sq, master}}.
 function AdamW:state_dict()
   return { step_count = self.step_count, lr_factor = self.lr_factor, state = self.state }

@@ -121,13 +121,7 @@ end
 
 -- Releases a model, its RoPE tables and (when given) its AdamW state now.
 function H.free_model(model, opt)
-  if opt then
-    for _, st in pairs(opt.state) do
-      st.exp_avg:free()
-      st.exp_avg_sq:free()
-      if st.master then st.master:free() end
-    end
-  end
+  if opt then opt:free_state() end
   if model._rope then
     model._rope.cos:free()
     model._rope.sin:free()

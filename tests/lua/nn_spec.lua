@@ -240,6 +240,30 @@ describe("optimizer primitives", function()
     assert.are.same(titan.zeros({ 7 }):tolist(), b[1]:tolist()) -- nothing written before the check failed
   end)
 
+  it("the device-scalar update names what is wrong with its inputs and changes nothing", function()
+    local p, g, m, v = titan.ones(4), titan.ones(4), titan.zeros(4), titan.zeros(4)
+    local e = { { p, g, m, v, nil, 1 } }
+    local hp = { lr = 1e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0 }
+    local function fails(fn, text)
+      local ok, err = pcall(fn)
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(text, 1, true), tostring(err))
+    end
+    fails(function() titan.ops.adamw_multi_dev_(e, hp, titan.zeros(2)) end,
+      "adamw_multi_dev: scalars is float32 with 2 elements; expected float32 with at least 3")
+    fails(function() titan.ops.adamw_multi_dev_(e, hp, titan.ops.adamw_scalars(e, hp), titan.zeros(2)) end,
+      "adamw_multi_dev: norm_clip is float32 with 2 elements; expected float64 with at least 2")
+    local d = { { titan.ones(4, { dtype = "float64" }), titan.ones(4, { dtype = "float64" }), m, v, nil, 1 } }
+    fails(function() titan.ops.adamw_multi_dev_(d, hp, titan.ops.adamw_scalars(d, hp)) end,
+      "adamw_multi_dev: tensor 0: float64 params and grads take tt_op_adamw_multi")
+    fails(function() titan.ops.global_norm_dev_({ g }, 1, titan.zeros(1, { dtype = "float64" })) end,
+      "global_norm_dev: out is float64 with 1 elements; expected float64 with at least 2")
+    fails(function() titan.ops.adamw_scalars({ { p, g, m, v, nil, 0 } }, hp) end,
+      "adamw_scalars: tensor 0: step counts from 1, got 0")
+    assert.are.same({ 1, 1, 1, 1 }, p:tolist())
+    assert.are.same({ 0, 0, 0, 0 }, m:tolist())
+  end)
+
   it("adamw_ with f32 master weights for a bf16 parameter", function()
     local master = titan.tensor({ 1.001, -2.003 })
     local p = master:to("bfloat16")
