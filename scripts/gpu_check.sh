@@ -311,7 +311,7 @@ step_about() {
   case "$1" in
     probe) echo "what the machine has: GPU, driver, nvcc, cmake, compilers, Python + torch, pkg-config, dpkg, where cuBLASLt/cuDNN/NCCL live (read-only queries)" ;;
     unpack) echo "unpack .gpu/debs/*.deb (dpkg-deb -x, or ar + tar) into .gpu/prefix (libgomp1/libgfortran5/libquadmath0 into .gpu/fallback, linked into .gpu/extra-libs only where the machine lacks them); point the .pc files at the prefix" ;;
-    configure) echo "cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTITAN_CUDA=ON -DTITAN_NVCC_THREADS=4 -DTITAN_WERROR=OFF -DPKG_CONFIG_EXECUTABLE=<pkg-config on PATH> [-DTITAN_NVCC=/-DCMAKE_CUDA_COMPILER=<nvcc>] [-DTITAN_CUDNN_LIBRARY=/-DTITAN_CUDNN_INCLUDE=/-DTITAN_NCCL_LIBRARY=/-DTITAN_NCCL_INCLUDE=/-DCUDA_cublasLt_LIBRARY= where found outside the toolkit's own folders]" ;;
+    configure) echo "cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTITAN_CUEMU=OFF -DTITAN_CUDA=ON -DTITAN_NVCC_THREADS=4 -DTITAN_WERROR=OFF -DPKG_CONFIG_EXECUTABLE=<pkg-config on PATH> [-DTITAN_NVCC=/-DCMAKE_CUDA_COMPILER=<nvcc>] [-DTITAN_CUDNN_LIBRARY=/-DTITAN_CUDNN_INCLUDE=/-DTITAN_NCCL_LIBRARY=/-DTITAN_NCCL_INCLUDE=/-DCUDA_cublasLt_LIBRARY= where found outside the toolkit's own folders]" ;;
     build) echo "cmake --build build-gpu -j $JOBS (GPU_CHECK_JOBS, default nproc) [-- -k with make]" ;;
     cuda_tests) echo "cd build-gpu && NCCL_SOCKET_IFNAME=lo OMP_NUM_THREADS=2 ctest -R '^cuda/' -j 10 --output-on-failure (tests/cuda/*_spec.lua under busted inside build-gpu/titan, all at once; /usr/share/games/fortunes -> the carried corpus when the machine has none)" ;;
     bench_titan) echo "build-gpu/titan bench/gpu.lua --json .gpu/run/titan.json --budget <step time - 10>" ;;
@@ -421,7 +421,9 @@ configure_cmd() {
   local pc werror=OFF
   pc="$(command -v pkg-config || command -v pkgconf || true)"
   [ "${GPU_CHECK_WERROR:-0}" = "1" ] && werror=ON
-  local args=(-S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "-DTITAN_WERROR=$werror")
+  # cuemu (the CPU emulation of the CUDA backend) is for machines without a
+  # GPU: not built here, where build time is GPU time.
+  local args=(-S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "-DTITAN_WERROR=$werror" -DTITAN_CUEMU=OFF)
   [ -n "$pc" ] && args+=(-DPKG_CONFIG_EXECUTABLE="$pc")
   if [ -n "$(echo "${CUDA_CMAKE_ARGS:-}" | grep -o TITAN_NVCC)" ]; then
     args+=(-DTITAN_CUDA=ON -DTITAN_NVCC_THREADS=4)

@@ -543,10 +543,11 @@ static tt_status tt_softmax_launch(int kind, int64_t rows, int64_t n, int lg, co
     if (n <= 1024)
       tt_softmax_backward_kernel<DT, 32><<<tt_cuda_group_blocks(rows, 32), TT_CUDA_THREADS, 0, s>>>(
           rows, n, lg, (const S_t *)a, (const S_t *)b, (S_t *)out);
-    else
-      tt_softmax_backward_kernel<DT, TT_CUDA_THREADS>
-          <<<tt_cuda_group_blocks(rows, TT_CUDA_THREADS), TT_CUDA_THREADS, 0, s>>>(rows, n, lg, (const S_t *)a,
-                                                                                   (const S_t *)b, (S_t *)out);
+    else {
+      const unsigned int blocks = tt_cuda_group_blocks(rows, TT_CUDA_THREADS);
+      tt_softmax_backward_kernel<DT, TT_CUDA_THREADS><<<blocks, TT_CUDA_THREADS, 0, s>>>(rows, n, lg, (const S_t *)a,
+                                                                                       (const S_t *)b, (S_t *)out);
+    }
     TT_CUDA_CHECK_LAUNCH("tt_softmax_backward_kernel");
   }
   return TT_OK;

@@ -25,6 +25,11 @@ local H = {}
 
 H.DEV = os.getenv("TITAN_GPU_SPEC_DEVICE") or "cuda"
 H.ON_GPU = H.DEV:match("^cuda") ~= nil
+-- On cuemu (tests/cuemu: the CUDA backend run on the CPU, which ctest marks
+-- with TITAN_CUEMU=1) a debug-model training takes many minutes; the specs
+-- mark those cases `local long_it = H.EMULATED and pending or it`, so they
+-- show as pending there and run on a GPU.
+H.EMULATED = os.getenv("TITAN_CUEMU") == "1"
 
 -- Without a GPU (or a CUDA build) a spec exits 77: ctest reports skipped.
 function H.require_device()
@@ -91,9 +96,13 @@ function H.ids(shape, n, seed, dt)
 end
 
 -- A CPU float64 copy (the reference's inputs: exactly the values the device sees).
-function H.f64(t) return t:to("cpu"):to("float64") end
--- The same values on the device under test.
-function H.dev(t) return t:to(H.DEV) end
+-- Always a new tensor: `to` returns its receiver when nothing changes, and
+-- an in-place op on the reference must not also change the input of the op
+-- under test (nor, on the CPU self-test, the very tensor it is compared with).
+local function fresh(r, t) return rawequal(r, t) and t:clone() or r end
+function H.f64(t) return fresh(t:to("cpu"):to("float64"), t) end
+-- The same values on the device under test (a copy, as above).
+function H.dev(t) return fresh(t:to(H.DEV), t) end
 
 -- Fixed batches of random token ids (CPU, int64, kept): {inputs [B, T], targets [B, T]}.
 function H.batches(n, B, T, V, seed)

@@ -16,6 +16,8 @@ local SMALL = { dim = 128, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size
   max_seq_len = 128 }
 
 local batches, free_model, loss_of, train = H.batches, H.free_model, H.loss_of, H.train
+-- The debug model's batches: shorter on cuemu (the CPU emulation), where the fallback attention is slow.
+local DB, DT = H.EMULATED and 2 or 4, H.EMULATED and 32 or 128
 
 local function curve_str(xs)
   local s = {}
@@ -62,7 +64,7 @@ describe("cuda model", function()
   end))
 
   it("the debug model trains on the device with the CPU's loss curve (f32)", H.scoped(function()
-    local bs = batches(4, 4, 128, 2048, 200)
+    local bs = batches(4, DB, DT, 2048, 200)
     local cl, cn = train("debugmodel", { device = "cpu", seed = 0 }, bs, 12)
     local gl, gn = train("debugmodel", { device = H.DEV, seed = 0 }, bs, 12)
     io.stderr:write("\n  debugmodel f32 losses, cpu:    " .. curve_str(cl) .. "\n  debugmodel f32 losses, device: " .. curve_str(gl) .. "\n")
@@ -78,7 +80,7 @@ describe("cuda model", function()
   end))
 
   it("the debug model trains with bf16 parameters (f32 master weights) close to the CPU's f32 curve", H.scoped(function()
-    local bs = batches(4, 4, 128, 2048, 200)
+    local bs = batches(4, DB, DT, 2048, 200)
     local cl = train("debugmodel", { device = "cpu", seed = 0 }, bs, 12)
     local gl = train("debugmodel", { device = H.DEV, seed = 0, dtype = "bfloat16" }, bs, 12)
     io.stderr:write("\n  debugmodel losses, cpu f32:     " .. curve_str(cl) .. "\n  debugmodel losses, device bf16: " .. curve_str(gl) .. "\n")

@@ -1,0 +1,399 @@
+/*
+ * cublaslt.cpp — cuemu's cuBLASLt: the calls kernels/cuda/gemm.cu makes,
+ * with cuBLASLt's documented column-major semantics, computed on the host.
+ *
+ * D = alpha op(A) op(B) + beta C (+ bias[i] on row i with the BIAS
+ * epilogue), every matrix column-major with its layout's rows, cols and
+ * leading dimension, batched by BATCH_COUNT and STRIDED_BATCH_OFFSET. The
+ * result rounds once to D's type; FAST_TF32 rounds A and B to TF32 first. beta == 0 does
+ * not read C (which may hold NaN), as in BLAS. The products are the CPU
+ * backend's GEMM (OpenBLAS) in f32, or f64 for f64 operands.
+ *
+ * Checked as cuBLASLt would refuse it, so gemm.cu's row-major mapping is
+ * tested for real: op(A) m x k, op(B) k x n, C and D m x n; ld >= rows;
+ * a batch count every layout agrees on; pointers aligned as the preference
+ * promised the heuristic; a workspace no bigger than the preference's.
+ */
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+#include "cuemu_internal.h"
+
+extern "C" {
+#include "kernels.h" /* the CPU backend's GEMM does the arithmetic */
+}
+
+namespace {
+
+struct layout {
+  cudaDataType_t type;
+  uint64_t rows, cols;
+  int64_t ld;
+  int32_t batch = 1;
+  int64_t stride = 0;
+};
+
+struct desc {
+  cublasComputeType_t compute;
+  cudaDataType_t scale;
+  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void *bias = NULL;
+  int bias_type = -1; /* -1: D's */
+};
+
+struct pref {
+  uint64_t workspace = 0;
+  uint32_t align[4] = {256, 256, 256, 256}; /* A, B, C, D: cuBLASLt's defaults */
+};
+
+/* What the heuristic promised, kept in the algo's opaque words. */
+struct algo_words {
+  uint64_t magic;
+  uint32_t align[4];
+  uint64_t workspace;
+};
+const uint64_t ALGO_MAGIC = 0x6375656d75616c67ull;
+
+int elem_size(cudaDataType_t t) {
+  switch (t) {
+    case CUDA_R_32F: return 4;
+    case CUDA_R_64F: return 8;
+    case CUDA_R_16F:
+    case CUDA_R_16BF: return 2;
+    default: return 0;
+  }
+}
+
+double load(cudaDataType_t t, const void *p, size_t i) {
+  switch (t) {
+    case CUDA_R_32F: return ((const float *)p)[i];
+    case CUDA_R_64F: return ((const double *)p)[i];
+    case CUDA_R_16F: return (double)__half2float(((const __half *)p)[i]);
+    default: return (double)__bfloat162float(((const __nv_bfloat16 *)p)[i]);
+  }
+}
+
+void store(cudaDataType_t t, void *p, size_t i, double v) {
+  switch (t) {
+    case CUDA_R_32F: ((float *)p)[i] = (float)v; break;
+    case CUDA_R_64F: ((double *)p)[i] = v; break;
+    /* via float, as a kernel with an f32 accumulator rounds */
+    case CUDA_R_16F: ((__half *)p)[i] = __float2half_rn((float)v); break;
+    default: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn((float)v); break;
+  }
+}
+
+/* An f32 rounded to TF32 (10 mantissa bits, to nearest even), as the
+ * tensor cores read f32 operands under CUBLAS_COMPUTE_32F_FAST_TF32. */
+double tf32(double x) {
+  float f = (float)x;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+bool aligned(const void *p, uint32_t a) { return a == 0 || (uintptr_t)p % a == 0; }
+
+/* op(X) dimensions of a layout */
+void op_dims(const layout *l, cublasOperation_t t, uint64_t *r, uint64_t *c) {
+  *r = t == CUBLAS_OP_N ? l->rows : l->cols;
+  *c = t == CUBLAS_OP_N ? l->cols : l->rows;
+}
+
+cublasStatus_t check_shapes(const desc *d, const layout *A, const layout *B, const layout *C, const layout *D) {
+  uint64_t am, ak, bk, bn;
+  op_dims(A, d->ta, &am, &ak);
+  op_dims(B, d->tb, &bk, &bn);
+  if (ak != bk || am != D->rows || bn != D->cols || C->rows != D->rows || C->cols != D->cols)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  const layout *ls[4] = {A, B, C, D};
+  for (const layout *l : ls)
+    if (l->ld < (int64_t)l->rows || l->ld < 1 || elem_size(l->type) == 0) return CUBLAS_STATUS_INVALID_VALUE;
+  if (A->batch != D->batch || B->batch != D->batch || C->batch != D->batch) return CUBLAS_STATUS_INVALID_VALUE;
+  if (A->type != B->type || C->type != D->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (d->ta != CUBLAS_OP_N && d->ta != CUBLAS_OP_T) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (d->tb != CUBLAS_OP_N && d->tb != CUBLAS_OP_T) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_BIAS)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  const bool f64 = D->type == CUDA_R_64F;
+  if (f64 != (d->compute == CUBLAS_COMPUTE_64F)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (f64 && d->epilogue == CUBLASLT_EPILOGUE_BIAS) return CUBLAS_STATUS_NOT_SUPPORTED; /* as on the GPU */
+  if (d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && A->type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+template <typename T> T *as(void *p) { return reinterpret_cast<T *>(p); }
+
+}  // namespace
+
+extern "C" {
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+  *h = (cublasLtHandle_t)malloc(16);
+  return *h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+  free(h);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+size_t cublasLtGetVersion(void) { return 0; }
+
+const char *cublasLtGetStatusString(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    default: return "CUBLAS_STATUS_(other)";
+  }
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute, cudaDataType_t scale) {
+  desc *x = new desc();
+  x->compute = compute;
+  x->scale = scale;
+  *d = as<cublasLtMatmulDescOpaque_t>(x);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+  delete as<desc>(d);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t dd, cublasLtMatmulDescAttributes_t attr,
+                                              const void *buf, size_t size) {
+  desc *d = as<desc>(dd);
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+      if (size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      d->ta = (cublasOperation_t) * (const int32_t *)buf;
+      break;
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+      if (size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      d->tb = (cublasOperation_t) * (const int32_t *)buf;
+      break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+      if (size != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      d->epilogue = (cublasLtEpilogue_t) * (const uint32_t *)buf;
+      break;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+      if (size != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
+      memcpy(&d->bias, buf, sizeof(void *));
+      break;
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+      if (size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      d->bias_type = *(const int32_t *)buf;
+      break;
+    default: return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType type, uint64_t rows, uint64_t cols,
+                                          int64_t ld) {
+  layout *x = new layout();
+  x->type = type;
+  x->rows = rows;
+  x->cols = cols;
+  x->ld = ld;
+  *l = as<cublasLtMatrixLayoutOpaque_t>(x);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+  delete as<layout>(l);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t ll, cublasLtMatrixLayoutAttribute_t attr,
+                                                const void *buf, size_t size) {
+  layout *l = as<layout>(ll);
+  switch (attr) {
+    case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT:
+      if (size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      l->batch = *(const int32_t *)buf;
+      break;
+    case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET:
+      if (size != sizeof(int64_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      l->stride = *(const int64_t *)buf;
+      break;
+    default: return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
+  *p = as<cublasLtMatmulPreferenceOpaque_t>(new pref());
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+  delete as<pref>(p);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pp,
+                                                    cublasLtMatmulPreferenceAttributes_t attr, const void *buf,
+                                                    size_t size) {
+  pref *p = as<pref>(pp);
+  switch (attr) {
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
+      if (size != sizeof(uint64_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      p->workspace = *(const uint64_t *)buf;
+      break;
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES: {
+      if (size != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      int i = attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES   ? 0
+              : attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES ? 1
+              : attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES ? 2
+                                                                   : 3;
+      p->align[i] = *(const uint32_t *)buf;
+      break;
+    }
+    case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK:
+      if (size != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      break;
+    default: return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                              cublasLtMatrixLayout_t d, cublasLtMatmulPreference_t pp, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[], int *returned) {
+  (void)h;
+  *returned = 0;
+  if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
+  cublasStatus_t s = check_shapes(as<desc>(op), as<layout>(a), as<layout>(b), as<layout>(c), as<layout>(d));
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  const pref *p = as<pref>(pp);
+  memset(&results[0], 0, sizeof results[0]);
+  algo_words w;
+  w.magic = ALGO_MAGIC;
+  memcpy(w.align, p->align, sizeof w.align);
+  w.workspace = p->workspace;
+  static_assert(sizeof w <= sizeof results[0].algo, "algo words fit the opaque algo");
+  memcpy(&results[0].algo, &w, sizeof w);
+  results[0].workspaceSize = 0;
+  results[0].state = CUBLAS_STATUS_SUCCESS;
+  results[0].wavesCount = 1.0f;
+  *returned = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void *alpha, const void *A,
+                              cublasLtMatrixLayout_t adesc, const void *B, cublasLtMatrixLayout_t bdesc,
+                              const void *beta, const void *C, cublasLtMatrixLayout_t cdesc, void *D,
+                              cublasLtMatrixLayout_t ddesc, const cublasLtMatmulAlgo_t *algo, void *workspace,
+                              size_t workspace_size, cudaStream_t stream) {
+  (void)h;
+  const desc d = *as<desc>(op);
+  const layout la = *as<layout>(adesc), lb = *as<layout>(bdesc), lc = *as<layout>(cdesc), ld = *as<layout>(ddesc);
+  cublasStatus_t s = check_shapes(&d, &la, &lb, &lc, &ld);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  if (!algo) return CUBLAS_STATUS_INVALID_VALUE;
+  algo_words w;
+  memcpy(&w, algo, sizeof w);
+  if (w.magic != ALGO_MAGIC) return CUBLAS_STATUS_INVALID_VALUE;
+  const void *ptrs[4] = {A, B, C, D};
+  for (int i = 0; i < 4; i++)
+    if (!aligned(ptrs[i], w.align[i]))
+      tt_emu_die("cublasLtMatmul: operand %c at %p is not aligned to the %u bytes the heuristic was promised",
+                 "ABCD"[i], ptrs[i], w.align[i]);
+  if (workspace_size > w.workspace)
+    tt_emu_die("cublasLtMatmul: a %zu-byte workspace where the preference allowed %llu", workspace_size,
+               (unsigned long long)w.workspace);
+  int dev;
+  if (workspace_size && tt_emu_classify(workspace, workspace_size, &dev) != 0)
+    tt_emu_die("cublasLtMatmul: the workspace is not device memory");
+  const bool f64 = d.scale == CUDA_R_64F;
+  const double al = f64 ? *(const double *)alpha : *(const float *)alpha;
+  const double be = f64 ? *(const double *)beta : *(const float *)beta;
+  uint64_t m = ld.rows, n = ld.cols, k;
+  {
+    uint64_t am;
+    op_dims(&la, d.ta, &am, &k);
+  }
+  const int32_t batch = ld.batch;
+  const size_t sa = elem_size(la.type), sd = elem_size(ld.type);
+  /* every operand inside device memory */
+  auto extent = [](const layout &l, uint64_t r, uint64_t c) {
+    (void)r;
+    return (size_t)((l.batch - 1) * l.stride + (int64_t)(c - 1) * l.ld + (int64_t)l.rows) * elem_size(l.type);
+  };
+  if (tt_emu_classify(A, extent(la, la.rows, la.cols), &dev) != 0 ||
+      tt_emu_classify(B, extent(lb, lb.rows, lb.cols), &dev) != 0 ||
+      tt_emu_classify(D, extent(ld, ld.rows, ld.cols), &dev) != 0 ||
+      (be != 0.0 && tt_emu_classify(C, extent(lc, lc.rows, lc.cols), &dev) != 0))
+    tt_emu_die("cublasLtMatmul: an operand is not (entirely) in device memory");
+  const bool bias = d.epilogue == CUBLASLT_EPILOGUE_BIAS;
+  const cudaDataType_t bias_type = d.bias_type < 0 ? ld.type : (cudaDataType_t)d.bias_type;
+  if (bias && (!d.bias || tt_emu_classify(d.bias, m * elem_size(bias_type), &dev) != 0))
+    tt_emu_die("cublasLtMatmul: the bias epilogue without a device bias vector of %llu elements",
+               (unsigned long long)m);
+  const void *bias_ptr = d.bias;
+  (void)sa;
+  (void)sd;
+  tt_emu_enqueue(stream, "cublasLtMatmul", [=]() {
+    /* Dense copies, column-major: a is m x k, b is k x n; the product in
+     * f64 for f64 and in f32 otherwise (cuBLASLt's accumulators), by the
+     * CPU backend's row-major GEMM: column-major D = a b is row-major
+     * D^T = b^T a^T, and a column-major matrix is its row-major transpose. */
+    const bool wide = ld.type == CUDA_R_64F, fast = d.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+    const int dt = wide ? TT_F64 : TT_F32;
+    const size_t es = wide ? 8 : 4;
+    std::vector<char> a(m * k * es), b(k * n * es), acc(m * n * es);
+    auto put = [&](std::vector<char> &v, size_t i, double x) {
+      if (fast) x = tf32(x);
+      if (wide) ((double *)v.data())[i] = x;
+      else ((float *)v.data())[i] = (float)x;
+    };
+    auto get = [&](const std::vector<char> &v, size_t i) {
+      return wide ? ((const double *)v.data())[i] : (double)((const float *)v.data())[i];
+    };
+    for (int32_t bt = 0; bt < batch; bt++) {
+      const char *pa = (const char *)A + (size_t)(bt * la.stride) * elem_size(la.type);
+      const char *pb = (const char *)B + (size_t)(bt * lb.stride) * elem_size(lb.type);
+      const char *pc = (const char *)C + (size_t)(bt * lc.stride) * elem_size(lc.type);
+      char *pd = (char *)D + (size_t)(bt * ld.stride) * elem_size(ld.type);
+      for (uint64_t p = 0; p < k; p++)
+        for (uint64_t i = 0; i < m; i++)
+          put(a, i + p * m, load(la.type, pa, d.ta == CUBLAS_OP_N ? i + p * la.ld : p + i * la.ld));
+      for (uint64_t j = 0; j < n; j++)
+        for (uint64_t p = 0; p < k; p++)
+          put(b, p + j * k, load(lb.type, pb, d.tb == CUBLAS_OP_N ? p + j * lb.ld : j + p * lb.ld));
+      tt_status st = tt_kernels_cpu()->gemm(dt, 0, 0, 1, (int64_t)n, (int64_t)m, (int64_t)k, 1.0, b.data(),
+                                            (int64_t)k, 0, a.data(), (int64_t)m, 0, 0.0, acc.data(), (int64_t)m, 0,
+                                            NULL, dt, 0);
+      if (st != TT_OK) tt_emu_die("cublasLtMatmul: the CPU GEMM failed (status %d)", (int)st);
+      for (uint64_t j = 0; j < n; j++)
+        for (uint64_t i = 0; i < m; i++) {
+          double v = al * get(acc, i + j * m);
+          if (be != 0.0) v += be * load(lc.type, pc, i + j * lc.ld);
+          if (bias) v += load(bias_type, bias_ptr, i);
+          store(ld.type, pd, i + j * ld.ld, v);
+        }
+    }
+  });
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // extern "C"

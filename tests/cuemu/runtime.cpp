@@ -1,0 +1,965 @@
+/*
+ * runtime.cpp — cuemu's CUDA runtime: the cudart calls the backend makes,
+ * implemented on the host (tests/cuemu/README.md), and the fibers that run
+ * a kernel's threads.
+ *
+ * Execution. Work is done when it is enqueued, in the order enqueued: a
+ * stream is an ordering the host already gives, an event is complete when
+ * recorded. A kernel runs its blocks one after another; the threads of a
+ * block are fibers of the calling host thread, switched at __syncthreads,
+ * at warp shuffles and when they return (cuemu_device.h). One kernel runs
+ * at a time in the process.
+ *
+ * What the emulator checks, each a bug the hardware would show differently
+ * or not at all:
+ *   - launch configurations (block size, grid limits), as the launch would;
+ *   - a warp shuffle that a lane of the warp never reaches, or lanes at
+ *     different shuffles; threads of a block waiting at different
+ *     barriers (a hang on the GPU): the process prints what and aborts;
+ *   - memory: device blocks are mapped on their own, ending just before an
+ *     inaccessible page, so a kernel or host write past the end of a block
+ *     faults; copies must stay inside one block and match their kind
+ *     (host->device needs a device destination, ...);
+ *   - stream capture (CUDA graphs): work on a capturing stream is recorded
+ *     with its arguments' values and replayed by cudaGraphLaunch; a call
+ *     that would make the host wait for the device, allocate or free while
+ *     the thread's capture mode forbids it fails with
+ *     cudaErrorStreamCaptureUnsupported and invalidates the capture, whose
+ *     end then reports cudaErrorStreamCaptureInvalidated, as CUDA does.
+ *
+ * Not emulated: timing and concurrency between streams (so a missing event
+ * wait goes unseen), data races between the threads of a kernel (fibers
+ * switch only at barriers), the device's exact math library (expf, logf).
+ *
+ * Devices: TITAN_CUEMU_DEVICES (default 1), each with TITAN_CUEMU_MEM_MB of
+ * memory (default 8192) and 4 "SMs", compute capability 9.0.
+ */
+#include "cuemu_device.h" /* first: it defines __shared__ before the CUDA headers do */
+
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "cuemu_internal.h"
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+/* ---- diagnostics ---------------------------------------------------------- */
+
+void tt_emu_die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "cuemu: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  fflush(stderr);
+  abort();
+}
+#define emu_die tt_emu_die
+
+static int emu_env_int(const char *name, int dflt) {
+  const char *v = getenv(name);
+  return v && *v ? atoi(v) : dflt;
+}
+
+/* ---- fibers --------------------------------------------------------------- */
+
+#if defined(__x86_64__)
+/* Saves the callee-saved registers on the current stack, stores the stack
+ * pointer in *from and resumes `to`. (MXCSR and the x87 control word are
+ * callee-saved too, but nothing here changes them.) */
+extern "C" void tt_emu_switch(void **from, void *to);
+__asm__(
+    ".text\n"
+    ".globl tt_emu_switch\n"
+    ".type tt_emu_switch,@function\n"
+    "tt_emu_switch:\n"
+    "  pushq %rbp\n"
+    "  pushq %rbx\n"
+    "  pushq %r12\n"
+    "  pushq %r13\n"
+    "  pushq %r14\n"
+    "  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  popq %r15\n"
+    "  popq %r14\n"
+    "  popq %r13\n"
+    "  popq %r12\n"
+    "  popq %rbx\n"
+    "  popq %rbp\n"
+    "  ret\n"
+    ".size tt_emu_switch,.-tt_emu_switch\n");
+#endif
+
+enum { F_RUN, F_SYNC, F_SHFL, F_DONE };
+
+struct emu_fiber {
+  tt_emu_thread_ids ids;
+  int state;
+  /* the shuffle this lane waits at */
+  unsigned mask;
+  int mode, arg, width;
+  uint64_t bits, result;
+  char *stack;
+#if defined(__x86_64__)
+  void *sp;
+#else
+  ucontext_t ctx;
+#endif
+};
+
+static const size_t EMU_STACK = 256u << 10; /* the kernels' register arrays live here */
+
+/* The threads of the block being run. A fiber that must wait (a shuffle,
+ * a barrier, its end) switches straight to the next runnable fiber of its
+ * warp or block; the last to arrive releases the others and goes on. The
+ * scheduler (emu_run_block) starts the block and sorts out what the
+ * fibers could not: the diagnostics. */
+struct emu_block_runner {
+  std::vector<emu_fiber> fibers;
+  size_t n = 0;
+  char *stacks = NULL;
+  size_t nstacks = 0;
+#if defined(__x86_64__)
+  void *sched_sp = NULL;
+#else
+  ucontext_t sched;
+#endif
+  emu_fiber *cur = NULL;
+  const std::function<void()> *body = NULL;
+  const char *kernel = "";
+};
+
+thread_local tt_emu_thread_ids *tt_emu_ids = NULL;
+static thread_local emu_block_runner *emu_runner = NULL;
+
+static void emu_switch(emu_block_runner *r, emu_fiber *from, emu_fiber *to) {
+  r->cur = to;
+  tt_emu_ids = &to->ids;
+#if defined(__x86_64__)
+  tt_emu_switch(&from->sp, to->sp);
+#else
+  swapcontext(&from->ctx, &to->ctx);
+#endif
+}
+
+static void emu_to_scheduler(emu_block_runner *r, emu_fiber *f) {
+#if defined(__x86_64__)
+  tt_emu_switch(&f->sp, r->sched_sp);
+#else
+  swapcontext(&f->ctx, &r->sched);
+#endif
+}
+
+/* The next runnable fiber after f among [lo, hi), cyclically; NULL if none. */
+static emu_fiber *emu_next_run(emu_block_runner *r, emu_fiber *f, size_t lo, size_t hi) {
+  const size_t i = (size_t)(f - r->fibers.data()), span = hi - lo;
+  for (size_t k = 1; k < span; k++) {
+    emu_fiber *g = &r->fibers[lo + (i - lo + k) % span];
+    if (g->state == F_RUN) return g;
+  }
+  return NULL;
+}
+
+static bool emu_resolve_warp(emu_block_runner *r, size_t w);
+
+/* f waits (its state set): run another fiber, or release a completed
+ * barrier or shuffle and go on, or leave it to the scheduler. */
+static void emu_wait(emu_block_runner *r, emu_fiber *f) {
+  const size_t i = (size_t)(f - r->fibers.data());
+  size_t lo = 0, hi = r->n;
+  if (f->state == F_SHFL) {
+    lo = i / 32 * 32;
+    hi = lo + 32 < r->n ? lo + 32 : r->n;
+  }
+  emu_fiber *next = emu_next_run(r, f, lo, hi);
+  if (next) {
+    emu_switch(r, f, next);
+    return;
+  }
+  if (f->state == F_SHFL && emu_resolve_warp(r, i / 32)) return;
+  if (f->state == F_SYNC) {
+    bool all = true;
+    for (size_t j = 0; j < r->n && all; j++) all = r->fibers[j].state == F_SYNC || r->fibers[j].state == F_DONE;
+    if (all) { /* threads that returned count as arrived, as on sm_70+ */
+      for (size_t j = 0; j < r->n; j++)
+        if (r->fibers[j].state == F_SYNC) r->fibers[j].state = F_RUN;
+      return;
+    }
+  }
+  emu_to_scheduler(r, f);
+}
+
+static void emu_fiber_main(void) {
+  emu_block_runner *r = emu_runner;
+  emu_fiber *f = r->cur;
+  (*r->body)();
+  f->state = F_DONE;
+  emu_fiber *next = emu_next_run(r, f, 0, r->n);
+  if (next) emu_switch(r, f, next);
+  else emu_to_scheduler(r, f);
+  emu_die("a finished fiber was resumed");
+}
+
+static void emu_fiber_start(emu_fiber *f) {
+#if defined(__x86_64__)
+  /* The frame tt_emu_switch pops: r15..rbp, then the return address
+   * (emu_fiber_main, entered with the stack aligned as after a call). */
+  uintptr_t top = ((uintptr_t)(f->stack + EMU_STACK) & ~(uintptr_t)15) - 16;
+  uint64_t *p = (uint64_t *)top;
+  *p = (uint64_t)(uintptr_t)emu_fiber_main;
+  for (int i = 1; i <= 6; i++) p[-i] = 0;
+  f->sp = (void *)&p[-6];
+#else
+  getcontext(&f->ctx);
+  f->ctx.uc_stack.ss_sp = f->stack;
+  f->ctx.uc_stack.ss_size = EMU_STACK;
+  f->ctx.uc_link = NULL;
+  makecontext(&f->ctx, emu_fiber_main, 0);
+#endif
+}
+
+static void emu_resume(emu_block_runner *r, emu_fiber *f) {
+  r->cur = f;
+  tt_emu_ids = &f->ids;
+#if defined(__x86_64__)
+  tt_emu_switch(&r->sched_sp, f->sp);
+#else
+  swapcontext(&r->sched, &f->ctx);
+#endif
+  tt_emu_ids = NULL;
+}
+
+static emu_block_runner *emu_runner_get(size_t nthreads) {
+  static thread_local emu_block_runner runner;
+  emu_block_runner *r = &runner;
+  if (r->nstacks < nthreads) {
+    if (r->stacks) munmap(r->stacks, r->nstacks * EMU_STACK);
+    r->stacks = (char *)mmap(NULL, nthreads * EMU_STACK, PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r->stacks == MAP_FAILED) emu_die("cannot map %zu fiber stacks", nthreads);
+    /* the lowest page of each stack catches an overflow */
+    for (size_t i = 0; i < nthreads; i++) mprotect(r->stacks + i * EMU_STACK, 4096, PROT_NONE);
+    r->nstacks = nthreads;
+  }
+  r->fibers.resize(nthreads);
+  r->n = nthreads;
+  for (size_t i = 0; i < nthreads; i++) r->fibers[i].stack = r->stacks + i * EMU_STACK;
+  return r;
+}
+
+void tt_emu_syncthreads(void) {
+  emu_block_runner *r = emu_runner;
+  if (!r || !r->cur) emu_die("__syncthreads outside a kernel");
+  emu_fiber *f = r->cur;
+  f->state = F_SYNC;
+  emu_wait(r, f);
+}
+
+uint64_t tt_emu_shuffle(unsigned mask, uint64_t bits, int mode, int arg, int width) {
+  emu_block_runner *r = emu_runner;
+  if (!r || !r->cur) emu_die("warp shuffle outside a kernel");
+  emu_fiber *f = r->cur;
+  if (width <= 0 || width > 32 || (width & (width - 1)))
+    emu_die("kernel %s: shuffle width %d (expected a power of 2 up to 32)", r->kernel, width);
+  f->mask = mask;
+  f->mode = mode;
+  f->arg = arg;
+  f->width = width;
+  f->bits = bits;
+  f->state = F_SHFL;
+  emu_wait(r, f);
+  return f->result;
+}
+
+static void emu_thread_name(const emu_fiber *f, char *buf, size_t n) {
+  snprintf(buf, n, "block (%u,%u,%u) thread (%u,%u,%u)", f->ids.block.x, f->ids.block.y, f->ids.block.z,
+           f->ids.thread.x, f->ids.thread.y, f->ids.thread.z);
+}
+
+/* When no lane of warp w can run: if they all wait at a shuffle, hand out
+ * the values and mark them runnable (true). A lane that returned while the
+ * others shuffle is a bug (dies); lanes at a barrier: not yet (false). */
+static bool emu_resolve_warp(emu_block_runner *r, size_t w) {
+  const size_t nthreads = r->n;
+  size_t lo = w * 32, hi = lo + 32 < nthreads ? lo + 32 : nthreads;
+  const emu_fiber *first = NULL;
+  for (size_t i = lo; i < hi && !first; i++)
+    if (r->fibers[i].state == F_SHFL) first = &r->fibers[i];
+  if (!first) return false;
+  for (size_t i = lo; i < hi; i++) {
+    const emu_fiber *f = &r->fibers[i];
+    if (f->state == F_SHFL) continue;
+    if (f->state != F_DONE) return false; /* at a barrier or not yet there: it may still come */
+    char a[96], b[96];
+    emu_thread_name(first, a, sizeof a);
+    emu_thread_name(f, b, sizeof b);
+    emu_die("kernel %s: %s waits at a warp shuffle (mask 0x%08x) that lane %zu of its warp (%s) never reaches: it "
+            "returned. On the GPU the result is undefined.",
+            r->kernel, a, first->mask, i - lo, b);
+  }
+  for (size_t i = lo; i < hi; i++) {
+    const emu_fiber *f = &r->fibers[i];
+    if (f->mode != first->mode || f->width != first->width || f->mask != first->mask) {
+      char a[96];
+      emu_thread_name(f, a, sizeof a);
+      emu_die("kernel %s: %s is at a different shuffle (mode %d width %d mask 0x%08x) than lane 0 of its warp (mode "
+              "%d width %d mask 0x%08x)",
+              r->kernel, a, f->mode, f->width, f->mask, first->mode, first->width, first->mask);
+    }
+    if (f->mask != 0xffffffffu && !(f->mask >> (i - lo) & 1u)) {
+      char a[96];
+      emu_thread_name(f, a, sizeof a);
+      emu_die("kernel %s: %s shuffles with mask 0x%08x, which leaves out its own lane", r->kernel, a, f->mask);
+    }
+  }
+  for (size_t i = lo; i < hi; i++) {
+    emu_fiber *f = &r->fibers[i];
+    const int lane = (int)(i - lo), w_ = f->width, base = lane / w_ * w_;
+    int src = f->mode == 0 ? base + ((f->arg % w_) + w_) % w_ : lane ^ f->arg;
+    if (f->mode == 1 && src / w_ != lane / w_) src = lane; /* outside the segment: own value */
+    if ((size_t)src + lo >= hi) emu_die("kernel %s: shuffle from lane %d beyond the block", r->kernel, src);
+    f->result = r->fibers[lo + src].bits;
+  }
+  for (size_t i = lo; i < hi; i++) r->fibers[i].state = F_RUN;
+  return true;
+}
+
+static void emu_run_block(emu_block_runner *r, dim3 grid, dim3 block, dim3 bidx) {
+  const size_t n = r->n;
+  for (size_t i = 0; i < n; i++) {
+    emu_fiber *f = &r->fibers[i];
+    f->ids.thread = dim3((unsigned)(i % block.x), (unsigned)(i / block.x % block.y),
+                         (unsigned)(i / ((size_t)block.x * block.y)));
+    f->ids.block = bidx;
+    f->ids.block_dim = block;
+    f->ids.grid_dim = grid;
+    f->state = F_RUN;
+    emu_fiber_start(f);
+  }
+  for (;;) {
+    for (size_t i = 0; i < n; i++)
+      if (r->fibers[i].state == F_RUN) emu_resume(r, &r->fibers[i]);
+    size_t live = 0, waiting_sync = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (r->fibers[i].state != F_DONE) live++;
+      if (r->fibers[i].state == F_SYNC) waiting_sync++;
+    }
+    if (live == 0) return;
+    bool progress = false;
+    for (size_t w = 0; w * 32 < n; w++) progress |= emu_resolve_warp(r, w);
+    if (progress) continue;
+    if (waiting_sync == live) {
+      for (size_t i = 0; i < n; i++)
+        if (r->fibers[i].state == F_SYNC) r->fibers[i].state = F_RUN;
+      continue;
+    }
+    /* some wait at __syncthreads while others of their warp wait at a shuffle */
+    for (size_t i = 0; i < n; i++)
+      if (r->fibers[i].state == F_SHFL) {
+        char a[96];
+        emu_thread_name(&r->fibers[i], a, sizeof a);
+        emu_die("kernel %s: deadlock: %s waits at a warp shuffle while other lanes of its warp wait at "
+                "__syncthreads",
+                r->kernel, a);
+      }
+    emu_die("kernel %s: deadlock in block (%u,%u,%u)", r->kernel, bidx.x, bidx.y, bidx.z);
+  }
+}
+
+static std::recursive_mutex emu_device_lock; /* one kernel at a time */
+
+static void emu_run_kernel(const char *name, dim3 grid, dim3 block, const std::function<void()> &body) {
+  std::lock_guard<std::recursive_mutex> guard(emu_device_lock);
+  const size_t n = (size_t)block.x * block.y * block.z;
+  emu_block_runner *saved = emu_runner;
+  emu_block_runner *r = emu_runner_get(n);
+  if (saved) emu_die("kernel %s launched from inside kernel %s", name, saved->kernel);
+  emu_runner = r;
+  r->body = &body;
+  r->kernel = name;
+  for (unsigned z = 0; z < grid.z; z++)
+    for (unsigned y = 0; y < grid.y; y++)
+      for (unsigned x = 0; x < grid.x; x++) emu_run_block(r, grid, block, dim3(x, y, z));
+  emu_runner = NULL;
+}
+
+/* ---- errors --------------------------------------------------------------- */
+
+static thread_local cudaError_t emu_last_error = cudaSuccess;
+
+static cudaError_t emu_err(cudaError_t e) {
+  if (e != cudaSuccess) emu_last_error = e;
+  return e;
+}
+
+extern "C" cudaError_t cudaGetLastError(void) {
+  cudaError_t e = emu_last_error;
+  emu_last_error = cudaSuccess;
+  return e;
+}
+
+extern "C" cudaError_t cudaPeekAtLastError(void) { return emu_last_error; }
+
+extern "C" const char *cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+    default: return "cudaError(other)";
+  }
+}
+
+extern "C" const char *cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureIsolation:
+      return "dependency created on uncaptured work in another stream";
+    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    default: return cudaGetErrorName(e);
+  }
+}
+
+/* ---- devices -------------------------------------------------------------- */
+
+static int emu_ndev(void) {
+  static int n = emu_env_int("TITAN_CUEMU_DEVICES", 1);
+  return n;
+}
+
+static thread_local int emu_cur_dev = 0;
+
+extern "C" cudaError_t cudaGetDeviceCount(int *n) {
+  *n = emu_ndev();
+  return *n > 0 ? cudaSuccess : emu_err(cudaErrorNoDevice);
+}
+
+extern "C" cudaError_t cudaGetDevice(int *d) {
+  *d = emu_cur_dev;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaSetDevice(int d) {
+  if (d < 0 || d >= emu_ndev()) return emu_err(cudaErrorInvalidDevice);
+  emu_cur_dev = d;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr attr, int d) {
+  if (d < 0 || d >= emu_ndev()) return emu_err(cudaErrorInvalidDevice);
+  switch (attr) {
+    case cudaDevAttrComputeCapabilityMajor: *v = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *v = 0; break;
+    case cudaDevAttrMultiProcessorCount: *v = 4; break;
+    case cudaDevAttrMaxThreadsPerBlock: *v = 1024; break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor: *v = 2048; break;
+    case cudaDevAttrWarpSize: *v = 32; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *v = 48 << 10; break;
+    default: return emu_err(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaRuntimeGetVersion(int *v) {
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaDriverGetVersion(int *v) {
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+/* ---- memory ----------------------------------------------------------------- */
+
+struct emu_block {
+  size_t size;
+  int device;
+  char *map;
+  size_t map_len;
+};
+
+static std::mutex emu_mem_lock;
+static std::map<uintptr_t, emu_block> emu_dev_blocks; /* by start */
+static std::map<uintptr_t, size_t> emu_pinned;       /* by start */
+static size_t emu_dev_used[64];
+
+static size_t emu_capacity(void) {
+  static size_t cap = (size_t)emu_env_int("TITAN_CUEMU_MEM_MB", 8192) << 20;
+  return cap;
+}
+
+/* The block holding [p, p + n), if p is device memory; `kind` 0 device, 1
+ * pinned, -1 neither (pageable host memory). */
+int tt_emu_classify(const void *p, size_t n, int *device) {
+  std::lock_guard<std::mutex> guard(emu_mem_lock);
+  uintptr_t a = (uintptr_t)p;
+  auto it = emu_dev_blocks.upper_bound(a);
+  if (it != emu_dev_blocks.begin()) {
+    --it;
+    if (a >= it->first && a < it->first + (it->second.size ? it->second.size : 1)) {
+      if (a + n > it->first + it->second.size)
+        emu_die("a copy of %zu bytes at offset %zu runs past the end of a %zu-byte device block", n,
+                (size_t)(a - it->first), it->second.size);
+      if (device) *device = it->second.device;
+      return 0;
+    }
+  }
+  auto ph = emu_pinned.upper_bound(a);
+  if (ph != emu_pinned.begin()) {
+    --ph;
+    if (a >= ph->first && a < ph->first + ph->second) {
+      if (a + n > ph->first + ph->second)
+        emu_die("a copy of %zu bytes runs past the end of a %zu-byte pinned host block", n, ph->second);
+      return 1;
+    }
+  }
+  return -1;
+}
+
+/* ---- streams, events, capture -------------------------------------------- */
+
+struct emu_node {
+  std::function<void()> run;
+  const char *what;
+};
+
+struct CUgraph_st {
+  std::vector<emu_node> nodes;
+};
+struct CUgraphExec_st {
+  std::vector<emu_node> nodes;
+};
+
+struct CUstream_st {
+  int device;
+  /* capture */
+  bool capturing = false;
+  bool invalid = false;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id owner;
+  CUgraph_st *graph = NULL;
+  CUstream_st *origin = NULL; /* the stream the capture began on */
+};
+
+struct CUevent_st {
+  CUstream_st *captured_in = NULL; /* last recorded while that stream captured */
+};
+
+static std::mutex emu_stream_lock;
+static std::set<CUstream_st *> emu_streams;
+static thread_local cudaStreamCaptureMode emu_thread_mode = cudaStreamCaptureModeGlobal;
+
+static CUstream_st *emu_stream(cudaStream_t s) { return s; }
+
+/* Is an unsafe call (a wait, an allocation, a free) forbidden for this
+ * thread now? Invalidates the captures it would break. */
+static bool emu_unsafe_forbidden(void) {
+  if (emu_thread_mode == cudaStreamCaptureModeRelaxed) return false;
+  std::lock_guard<std::mutex> guard(emu_stream_lock);
+  bool forbidden = false;
+  for (CUstream_st *s : emu_streams) {
+    if (!s->capturing || s->origin != s || s->mode == cudaStreamCaptureModeRelaxed) continue;
+    bool mine = s->owner == std::this_thread::get_id();
+    if (mine || (emu_thread_mode == cudaStreamCaptureModeGlobal && s->mode == cudaStreamCaptureModeGlobal)) {
+      s->invalid = true;
+      forbidden = true;
+    }
+  }
+  return forbidden;
+}
+
+static bool emu_capturing(CUstream_st *s) { return s && s->capturing; }
+
+/* Runs `fn` now, or records it into the capture of stream s. */
+cudaError_t tt_emu_enqueue(cudaStream_t s, const char *what, std::function<void()> fn) {
+  CUstream_st *st = emu_stream(s);
+  if (emu_capturing(st)) {
+    if (st->origin->invalid) return emu_err(cudaErrorStreamCaptureInvalidated);
+    st->origin->graph->nodes.push_back(emu_node{std::move(fn), what});
+    return cudaSuccess;
+  }
+  if (!st) {
+    /* the legacy stream while a capture runs is an implicit dependency */
+    std::lock_guard<std::mutex> guard(emu_stream_lock);
+    for (CUstream_st *o : emu_streams)
+      if (o->capturing && o->origin == o) {
+        o->invalid = true;
+        return emu_err(cudaErrorStreamCaptureImplicit);
+      }
+  }
+  std::lock_guard<std::recursive_mutex> guard(emu_device_lock);
+  fn();
+  return cudaSuccess;
+}
+
+void tt_emu_submit(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   std::function<void()> body) {
+  const unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
+  if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+      grid.y > 65535 || grid.z > 65535 || smem > (48u << 10)) {
+    emu_err(cudaErrorInvalidConfiguration);
+    if (emu_env_int("TITAN_CUEMU_VERBOSE", 0))
+      fprintf(stderr, "cuemu: kernel %s: bad launch grid (%u,%u,%u) block (%u,%u,%u) smem %zu\n", name, grid.x,
+              grid.y, grid.z, block.x, block.y, block.z, smem);
+    return;
+  }
+  if (smem > 0) emu_die("kernel %s: dynamic shared memory is not emulated", name);
+  cudaError_t e = tt_emu_enqueue(stream, name, [name, grid, block, body]() { emu_run_kernel(name, grid, block, body); });
+  (void)e;
+}
+
+extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
+  (void)flags;
+  CUstream_st *st = new CUstream_st();
+  st->device = emu_cur_dev;
+  std::lock_guard<std::mutex> guard(emu_stream_lock);
+  emu_streams.insert(st);
+  *s = st;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
+
+extern "C" cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  std::lock_guard<std::mutex> guard(emu_stream_lock);
+  emu_streams.erase(s);
+  delete s;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  CUstream_st *st = emu_stream(s);
+  if (emu_capturing(st)) {
+    st->origin->invalid = true;
+    return emu_err(cudaErrorStreamCaptureUnsupported);
+  }
+  if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaDeviceSynchronize(void) {
+  if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
+  std::lock_guard<std::mutex> guard(emu_stream_lock);
+  for (CUstream_st *s : emu_streams)
+    if (s->capturing) {
+      s->origin->invalid = true;
+      return emu_err(cudaErrorStreamCaptureUnsupported);
+    }
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status) {
+  CUstream_st *st = emu_stream(s);
+  if (!emu_capturing(st)) *status = cudaStreamCaptureStatusNone;
+  else *status = st->origin->invalid ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode) {
+  cudaStreamCaptureMode old = emu_thread_mode;
+  emu_thread_mode = *mode;
+  *mode = old;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode) {
+  CUstream_st *st = emu_stream(s);
+  if (!st) return emu_err(cudaErrorStreamCaptureUnsupported); /* the legacy stream cannot be captured */
+  if (st->capturing) return emu_err(cudaErrorIllegalState);
+  std::lock_guard<std::mutex> guard(emu_stream_lock);
+  st->capturing = true;
+  st->invalid = false;
+  st->mode = mode;
+  st->owner = std::this_thread::get_id();
+  st->graph = new CUgraph_st();
+  st->origin = st;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
+  CUstream_st *st = emu_stream(s);
+  *graph = NULL;
+  if (!emu_capturing(st) || st->origin != st) return emu_err(cudaErrorIllegalState);
+  if (st->owner != std::this_thread::get_id() && st->mode != cudaStreamCaptureModeRelaxed)
+    return emu_err(cudaErrorStreamCaptureWrongThread);
+  std::lock_guard<std::mutex> guard(emu_stream_lock);
+  bool invalid = st->invalid;
+  CUgraph_st *g = st->graph;
+  for (CUstream_st *o : emu_streams)
+    if (o->capturing && o->origin == st) {
+      o->capturing = false;
+      o->origin = NULL;
+    }
+  st->capturing = false;
+  st->graph = NULL;
+  st->origin = NULL;
+  if (invalid) {
+    delete g;
+    return emu_err(cudaErrorStreamCaptureInvalidated);
+  }
+  *graph = g;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *n) {
+  if (nodes) return emu_err(cudaErrorInvalidValue); /* only the count is emulated */
+  *n = g->nodes.size();
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned long long flags) {
+  (void)flags;
+  CUgraphExec_st *e = new CUgraphExec_st();
+  e->nodes = g->nodes;
+  *exec = e;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  if (!exec) return emu_err(cudaErrorInvalidValue);
+  CUstream_st *st = emu_stream(s);
+  if (emu_capturing(st)) {
+    for (const emu_node &n : exec->nodes) st->origin->graph->nodes.push_back(n);
+    return cudaSuccess;
+  }
+  std::lock_guard<std::recursive_mutex> guard(emu_device_lock);
+  for (const emu_node &n : exec->nodes) n.run();
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+  delete g;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+  delete e;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
+  (void)flags;
+  *e = new CUevent_st();
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
+
+extern "C" cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (!e) return emu_err(cudaErrorInvalidResourceHandle);
+  CUstream_st *st = emu_stream(s);
+  e->captured_in = emu_capturing(st) ? st->origin : NULL;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (!e) return emu_err(cudaErrorInvalidResourceHandle);
+  if (e->captured_in) return emu_err(cudaErrorCapturedEvent);
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (!e) return emu_err(cudaErrorInvalidResourceHandle);
+  if (e->captured_in) return emu_err(cudaErrorCapturedEvent);
+  if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
+  (void)flags;
+  if (!e) return emu_err(cudaErrorInvalidResourceHandle);
+  CUstream_st *st = emu_stream(s);
+  if (e->captured_in) {
+    /* a fork: s joins the capture the event was recorded in */
+    if (!st) return emu_err(cudaErrorStreamCaptureImplicit);
+    if (!st->capturing) {
+      std::lock_guard<std::mutex> guard(emu_stream_lock);
+      st->capturing = true;
+      st->origin = e->captured_in;
+    } else if (st->origin != e->captured_in) {
+      return emu_err(cudaErrorStreamCaptureIsolation);
+    }
+    return cudaSuccess;
+  }
+  /* a capturing stream may not wait on work outside its capture */
+  if (emu_capturing(st)) {
+    st->origin->invalid = true;
+    return emu_err(cudaErrorStreamCaptureIsolation);
+  }
+  return cudaSuccess;
+}
+
+/* ---- allocation ------------------------------------------------------------- */
+
+extern "C" cudaError_t cudaMalloc(void **p, size_t n) {
+  *p = NULL;
+  if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
+  const int d = emu_cur_dev;
+  const size_t page = 4096, size = n ? n : 1;
+  std::lock_guard<std::mutex> guard(emu_mem_lock);
+  if (emu_dev_used[d] + size > emu_capacity() || size > emu_capacity()) return emu_err(cudaErrorMemoryAllocation);
+  /* the block ends at most 255 bytes before an inaccessible page, and
+   * starts 256-byte aligned, as cudaMalloc's do */
+  const size_t body = (size + 255) & ~(size_t)255, len = (body + page - 1) / page * page + page;
+  char *m = (char *)mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return emu_err(cudaErrorMemoryAllocation);
+  mprotect(m + len - page, page, PROT_NONE);
+  char *start = m + (len - page) - body;
+  emu_block b;
+  b.size = n;
+  b.device = d;
+  b.map = m;
+  b.map_len = len;
+  emu_dev_blocks[(uintptr_t)start] = b;
+  emu_dev_used[d] += size;
+  *p = start;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaFree(void *p) {
+  if (!p) return cudaSuccess;
+  if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
+  std::lock_guard<std::mutex> guard(emu_mem_lock);
+  auto it = emu_dev_blocks.find((uintptr_t)p);
+  if (it == emu_dev_blocks.end()) emu_die("cudaFree(%p): not the start of a device block", p);
+  emu_dev_used[it->second.device] -= it->second.size ? it->second.size : 1;
+  munmap(it->second.map, it->second.map_len);
+  emu_dev_blocks.erase(it);
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags) {
+  (void)flags;
+  *p = NULL;
+  if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
+  void *m = NULL;
+  if (posix_memalign(&m, 4096, n ? n : 1) != 0) return emu_err(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> guard(emu_mem_lock);
+  emu_pinned[(uintptr_t)m] = n ? n : 1;
+  *p = m;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMallocHost(void **p, size_t n) { return cudaHostAlloc(p, n, 0); }
+
+extern "C" cudaError_t cudaFreeHost(void *p) {
+  if (!p) return cudaSuccess;
+  if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
+  std::lock_guard<std::mutex> guard(emu_mem_lock);
+  auto it = emu_pinned.find((uintptr_t)p);
+  if (it == emu_pinned.end()) emu_die("cudaFreeHost(%p): not a pinned block", p);
+  emu_pinned.erase(it);
+  free(p);
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total) {
+  std::lock_guard<std::mutex> guard(emu_mem_lock);
+  *total = emu_capacity();
+  *free_b = emu_capacity() - emu_dev_used[emu_cur_dev];
+  return cudaSuccess;
+}
+
+/* ---- copies ------------------------------------------------------------------- */
+
+static cudaError_t emu_check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, bool *pageable) {
+  int dd = -1, sd = -1;
+  int dk = tt_emu_classify(dst, n, &dd), sk = tt_emu_classify(src, n, &sd);
+  *pageable = false;
+  switch (kind) {
+    case cudaMemcpyHostToDevice:
+      if (dk != 0 || sk == 0) return cudaErrorInvalidValue;
+      *pageable = sk < 0;
+      break;
+    case cudaMemcpyDeviceToHost:
+      if (sk != 0 || dk == 0) return cudaErrorInvalidValue;
+      *pageable = dk < 0;
+      break;
+    case cudaMemcpyDeviceToDevice:
+      if (sk != 0 || dk != 0) return cudaErrorInvalidValue;
+      break;
+    case cudaMemcpyHostToHost: *pageable = dk < 0 || sk < 0; break;
+    case cudaMemcpyDefault: *pageable = (dk < 0 || sk < 0); break;
+    default: return cudaErrorInvalidMemcpyDirection;
+  }
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
+                                       cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  bool pageable;
+  cudaError_t e = emu_check_copy(dst, src, n, kind, &pageable);
+  if (e != cudaSuccess) {
+    if (emu_env_int("TITAN_CUEMU_VERBOSE", 0))
+      fprintf(stderr, "cuemu: cudaMemcpyAsync(%p, %p, %zu, kind %d): pointers do not match the kind\n", dst, src, n,
+              (int)kind);
+    return emu_err(e);
+  }
+  CUstream_st *st = emu_stream(s);
+  if (emu_capturing(st) && pageable) { /* pageable memory cannot be part of a graph */
+    st->origin->invalid = true;
+    return emu_err(cudaErrorStreamCaptureUnsupported);
+  }
+  return tt_emu_enqueue(s, "memcpy", [dst, src, n]() { memmove(dst, src, n); });
+}
+
+extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind) {
+  if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
+  return cudaMemcpyAsync(dst, src, n, kind, NULL);
+}
+
+extern "C" cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  int d;
+  if (tt_emu_classify(p, n, &d) != 0) return emu_err(cudaErrorInvalidValue);
+  return tt_emu_enqueue(s, "memset", [p, v, n]() { memset(p, v, n); });
+}
+
+extern "C" cudaError_t cudaMemset(void *p, int v, size_t n) {
+  if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
+  return cudaMemsetAsync(p, v, n, NULL);
+}
