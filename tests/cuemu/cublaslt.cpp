@@ -333,16 +333,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     op_dims(&la, d.ta, &am, &k);
   }
   const int32_t batch = ld.batch;
-  const size_t sa = elem_size(la.type), sd = elem_size(ld.type);
   /* every operand inside device memory */
-  auto extent = [](const layout &l, uint64_t r, uint64_t c) {
-    (void)r;
-    return (size_t)((l.batch - 1) * l.stride + (int64_t)(c - 1) * l.ld + (int64_t)l.rows) * elem_size(l.type);
+  /* bytes from a matrix's first element to one past its last, all batches */
+  auto extent = [](const layout &l) {
+    return (size_t)((l.batch - 1) * l.stride + (int64_t)(l.cols - 1) * l.ld + (int64_t)l.rows) * elem_size(l.type);
   };
-  if (tt_emu_classify(A, extent(la, la.rows, la.cols), &dev) != 0 ||
-      tt_emu_classify(B, extent(lb, lb.rows, lb.cols), &dev) != 0 ||
-      tt_emu_classify(D, extent(ld, ld.rows, ld.cols), &dev) != 0 ||
-      (be != 0.0 && tt_emu_classify(C, extent(lc, lc.rows, lc.cols), &dev) != 0))
+  if (tt_emu_classify(A, extent(la), &dev) != 0 || tt_emu_classify(B, extent(lb), &dev) != 0 ||
+      tt_emu_classify(D, extent(ld), &dev) != 0 || (be != 0.0 && tt_emu_classify(C, extent(lc), &dev) != 0))
     tt_emu_die("cublasLtMatmul: an operand is not (entirely) in device memory");
   const bool bias = d.epilogue == CUBLASLT_EPILOGUE_BIAS;
   const cudaDataType_t bias_type = d.bias_type < 0 ? ld.type : (cudaDataType_t)d.bias_type;
@@ -350,8 +347,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     tt_emu_die("cublasLtMatmul: the bias epilogue without a device bias vector of %llu elements",
                (unsigned long long)m);
   const void *bias_ptr = d.bias;
-  (void)sa;
-  (void)sd;
   tt_emu_enqueue(stream, "cublasLtMatmul", [=]() {
     /* Dense copies, column-major: a is m x k, b is k x n; the product in
      * f64 for f64 and in f32 otherwise (cuBLASLt's accumulators), by the

@@ -36,16 +36,12 @@
  */
 #include "cuemu_device.h" /* first: it defines __shared__ before the CUDA headers do */
 
-#include <errno.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <functional>
 #include <map>
 #include <mutex>
