@@ -27,6 +27,9 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <atomic>
+#include <type_traits>
+
 #include "cuda_common.h"
 #include "dtype.cuh"
 
@@ -94,6 +97,43 @@ __device__ __forceinline__ void tt_ld_chunk(const typename tt_ft<DT>::S *p, int6
   } else {
 #pragma unroll
     for (int k = 0; k < V; k++) out[k] = k < cnt ? tt_ft<DT>::ld(p[e + k]) : (C)0;
+  }
+}
+
+/* The same chunk unconverted: one 16-byte register pack, zeros past cnt.
+ * A kernel that keeps a row in registers between two passes keeps these
+ * and converts twice: for 16-bit types that is half the registers of the
+ * converted values, and tt_unpack gives exactly what tt_ld_chunk would. */
+template <int DT>
+__device__ __forceinline__ tt_pack<typename tt_ft<DT>::S> tt_ld_raw(const typename tt_ft<DT>::S *p, int64_t e,
+                                                                    int64_t cnt, bool vec) {
+  typedef typename tt_ft<DT>::S S;
+  constexpr int V = 16 / sizeof(S);
+  tt_pack<S> pk;
+  if (vec && cnt == V) {
+    pk = *reinterpret_cast<const tt_pack<S> *>(p + e);
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; k++) pk.v[k] = k < cnt ? p[e + k] : (S)0;
+  }
+  return pk;
+}
+
+template <int DT>
+__device__ __forceinline__ void tt_unpack(const tt_pack<typename tt_ft<DT>::S> &pk, typename tt_ft<DT>::C *out) {
+#pragma unroll
+  for (int k = 0; k < (int)(16 / sizeof(typename tt_ft<DT>::S)); k++) out[k] = tt_ft<DT>::ld(pk.v[k]);
+}
+
+template <int DT>
+__device__ __forceinline__ void tt_st_raw(typename tt_ft<DT>::S *p, int64_t e, int64_t cnt, bool vec,
+                                          const tt_pack<typename tt_ft<DT>::S> &pk) {
+  if (vec && cnt == (int64_t)(16 / sizeof(typename tt_ft<DT>::S))) {
+    *reinterpret_cast<tt_pack<typename tt_ft<DT>::S> *>(p + e) = pk;
+  } else {
+#pragma unroll
+    for (int k = 0; k < (int)(16 / sizeof(typename tt_ft<DT>::S)); k++)
+      if (k < cnt) p[e + k] = pk.v[k];
   }
 }
 
@@ -219,6 +259,29 @@ static inline unsigned int tt_cuda_group_blocks(int64_t tasks, int G) {
   int64_t per = TT_CUDA_THREADS / G;
   int64_t b = (tasks + per - 1) / per;
   return (unsigned int)(b < 1 ? 1 : (b > 65536 ? 65536 : b));
+}
+
+/* Blocks of `kernel` (TT_CUDA_THREADS threads, static shared memory only)
+ * that the device's SMs hold at once: a launch of that many runs as one
+ * wave. The caller caches it per (kernel, device) in `cache` (0: not yet
+ * asked); 1 when the runtime cannot say, which only costs speed. */
+static inline int64_t tt_cuda_resident_blocks(const void *kernel, int device, std::atomic<int> *cache) {
+  int n = cache[device].load(std::memory_order_relaxed);
+  if (n > 0) return n;
+  int per_sm = 0, sms = 0;
+  /* Neither query touches a stream; the first may come during a graph
+   * capture, whose thread-local mode must not see them as unsafe. */
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, TT_CUDA_THREADS, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    per_sm = sms = 1;
+  }
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  n = per_sm * sms > 0 ? per_sm * sms : 1;
+  cache[device].store(n, std::memory_order_relaxed);
+  return n;
 }
 
 /* ---- index faults ------------------------------------------------------------ */

@@ -6,32 +6,61 @@
  * kernel's rounding, so the pair is bit-identical to running them apart);
  * the backward may accumulate dx onto a waiting gradient. One warp per row up
  * to 1024 elements, one block per row above; rows are read in 16-byte
- * chunks (kernel_util.cuh). A row of up to G * V * KMAX elements (4096 bf16
+ * chunks (kernel_util.cuh). A row of up to G * V * KMAX elements (8192 bf16
  * or f32 ones per block) is read from HBM once: each thread issues the
  * loads of all its chunks before it adds anything (many 16-byte loads in
  * flight, which is what keeps HBM busy) and keeps them in registers for
  * the second pass; a longer row is read twice, the second time from L1/L2.
  * Either way the sums run in the same order, so the bits are the same. As
- * on the CPU the sum of squares and
- * the backward's row dot product accumulate in double, and every other
- * step is the CPU's (kernels/cpu/norm.c) in the compute type with unfused
- * products: f32 and f64 outputs match the reference up to the order of the
- * double sums. rstd is f32 for f32/bf16/f16 input and f64 for f64.
+ * on the CPU the sum of squares and the backward's row dot product
+ * accumulate in double, and every other step is the CPU's
+ * (kernels/cpu/norm.c) in the compute type with unfused products: f32 and
+ * f64 outputs match the reference up to the order of the double sums. rstd
+ * is f32 for f32/bf16/f16 input and f64 for f64.
  *
  * dw: each column summed over all rows, deterministically without atomics:
- * the rows are cut into R fixed chunks (R a function of the shape), each
- * chunk's sum lands in the device workspace, and a second kernel adds the R
- * partials in chunk order in double and accumulates into dw (dw = dw +
- * total, rounded once). Rows kept in registers get their chunk sums from
- * the dx kernel itself (a chunk of L >= 16 rows per row group, summed in the
- * compute type); longer rows take a kernel of their own, a thread per
- * (chunk, column) summing in double, which reads x and dy once more.
+ * the rows are cut into fixed chunks, each chunk's sum lands in the device
+ * workspace, and a second kernel adds the partials in chunk order in double
+ * and accumulates into dw (dw = dw + total, rounded once). Rows kept in
+ * registers get their chunk sums from the dx kernel itself (a slot of
+ * 16..~128 rows per row group, summed in the compute type, the slot count a
+ * whole number of waves: tt_rmsnorm_dxdw_go); longer rows take a kernel of
+ * their own, a thread per (chunk, column) summing in double, which reads x
+ * and dy once more (R chunks, a function of the shape).
  */
 #include "kernel_util.cuh"
 
-/* Chunks of V elements a thread keeps in registers: 32 values (64 for f64
- * would cost too many registers). */
+/* K, the chunks of V elements each thread keeps in registers, is a template
+ * parameter chosen per launch: the smallest of 1, 2, 4 (8 for f32) that
+ * holds the row, 0 for a row too long to keep (streamed twice). With K
+ * fixed the register arrays are exactly as large as the row needs, so a
+ * 4096-wide bf16 row costs 2 chunks' registers, not the 4 of the longest
+ * row, and more blocks fit on an SM. f64 has a single K (no one trains in
+ * f64; it only checks the arithmetic). The row is held unconverted
+ * (tt_ld_raw: half the registers for 16-bit types) and converted in each
+ * pass. */
 template <int DT> __host__ __device__ constexpr int tt_norm_kmax() { return DT == TT_F64 ? 4 : 32 / (16 / (int)sizeof(typename tt_ft<DT>::S)); }
+template <int DT> constexpr int tt_norm_kfit(int k) { return DT == TT_F64 || k > tt_norm_kmax<DT>() ? tt_norm_kmax<DT>() : k; }
+
+/* The K a row of `dim` elements gets from a group of G lanes; 0: streamed. */
+template <int DT> static int tt_norm_chunks(int64_t dim, int G) {
+  const int64_t per = (int64_t)G * (16 / (int64_t)sizeof(typename tt_ft<DT>::S));
+  for (int k = 1; k <= tt_norm_kmax<DT>(); k *= 2)
+    if (dim <= per * k) return tt_norm_kfit<DT>(k);
+  return 0;
+}
+
+/* f(std::integral_constant<int, K>()) for the runtime k of tt_norm_chunks:
+ * the one place the launchers turn k into a template argument. */
+template <int DT, typename F> static auto tt_norm_with_k(int k, F &&f) {
+  switch (k) {
+    case 1: return f(std::integral_constant<int, tt_norm_kfit<DT>(1)>());
+    case 2: return f(std::integral_constant<int, tt_norm_kfit<DT>(2)>());
+    case 4: return f(std::integral_constant<int, tt_norm_kfit<DT>(4)>());
+    case 8: return f(std::integral_constant<int, tt_norm_kfit<DT>(8)>());
+    default: return f(std::integral_constant<int, 0>());
+  }
+}
 
 /* Chunk q of this lane starts at element (lane + q G) V, as the loops'
  * e = lane V, lane V + G V, ...; cnt 0 past the row (nothing is loaded). */
@@ -45,113 +74,161 @@ template <int V> __device__ __forceinline__ int64_t tt_norm_cnt(int lane, int q,
 
 /* RES: h = x + res first (rounded to the storage type, as the add kernel
  * would store it), written out, and normalized in place of x; the second
- * pass reads back the h this thread wrote. */
-template <int DT, int G, bool RES>
+ * pass reads back the h this thread wrote (K == 0) or keeps it (K > 0). */
+template <int DT, int G, int K, bool RES>
 __global__ void tt_rmsnorm_kernel(int64_t rows, int64_t dim, double eps, const typename tt_ft<DT>::S *__restrict__ x,
                                   const typename tt_ft<DT>::S *__restrict__ res, const typename tt_ft<DT>::S *__restrict__ w,
                                   typename tt_ft<DT>::S *__restrict__ h, typename tt_ft<DT>::S *__restrict__ y,
                                   typename tt_ft<DT>::C *__restrict__ rstd) {
+  typedef typename tt_ft<DT>::S S;
   typedef typename tt_ft<DT>::C C;
-  constexpr int V = 16 / sizeof(typename tt_ft<DT>::S);
+  constexpr int V = 16 / sizeof(S);
   constexpr int PER = TT_CUDA_THREADS / G;
   __shared__ double sm[TT_WARPS];
   const int lane = threadIdx.x % G;
-  constexpr int KMAX = tt_norm_kmax<DT>();
-  const bool cached = dim <= (int64_t)G * V * KMAX;
   for (int64_t r = (int64_t)blockIdx.x * PER + threadIdx.x / G; r < rows; r += (int64_t)gridDim.x * PER) {
-    const typename tt_ft<DT>::S *xr = x + r * dim;
-    typename tt_ft<DT>::S *yr = y + r * dim;
-    const typename tt_ft<DT>::S *rr = RES ? res + r * dim : NULL;
-    typename tt_ft<DT>::S *hr = RES ? h + r * dim : NULL;
+    const S *xr = x + r * dim;
+    S *yr = y + r * dim;
+    const S *rr = RES ? res + r * dim : NULL;
+    S *hr = RES ? h + r * dim : NULL;
     const bool vec = tt_al16(xr) && tt_al16(yr) && tt_al16(w) && (!RES || (tt_al16(rr) && tt_al16(hr)));
-    if (cached) {
-      C c[KMAX][V];
-      int64_t cnt[KMAX];
+    if constexpr (K > 0) {
+      tt_pack<S> raw[K];
+      int64_t cnt[K];
 #pragma unroll
-      for (int q = 0; q < KMAX; q++) {
+      for (int q = 0; q < K; q++) {
         cnt[q] = tt_norm_cnt<V>(lane, q, G, dim);
-        tt_ld_chunk<DT>(xr, tt_norm_e<V>(lane, q, G), cnt[q], vec, c[q]);
+        raw[q] = tt_ld_raw<DT>(xr, tt_norm_e<V>(lane, q, G), cnt[q], vec);
       }
       if (RES) {
 #pragma unroll
-        for (int q = 0; q < KMAX; q++) {
-          C rv[V];
+        for (int q = 0; q < K; q++) {
+          C c[V], rv[V];
+          tt_unpack<DT>(raw[q], c);
           tt_ld_chunk<DT>(rr, tt_norm_e<V>(lane, q, G), cnt[q], vec, rv);
 #pragma unroll
-          for (int k = 0; k < V; k++) c[q][k] = tt_ft<DT>::ld(tt_ft<DT>::st(tt_add(c[q][k], rv[k])));
-          if (cnt[q] > 0) tt_st_chunk<DT>(hr, tt_norm_e<V>(lane, q, G), cnt[q], vec, c[q]);
+          for (int k = 0; k < V; k++) raw[q].v[k] = tt_ft<DT>::st(tt_add(c[k], rv[k]));
+          if (cnt[q] > 0) tt_st_raw<DT>(hr, tt_norm_e<V>(lane, q, G), cnt[q], vec, raw[q]);
         }
       }
       double ss = 0.0;
 #pragma unroll
-      for (int q = 0; q < KMAX; q++)
+      for (int q = 0; q < K; q++) {
+        C c[V];
+        tt_unpack<DT>(raw[q], c);
 #pragma unroll
         for (int k = 0; k < V; k++)
-          if (k < cnt[q]) ss = tt_add(ss, tt_mul((double)c[q][k], (double)c[q][k]));
+          if (k < cnt[q]) ss = tt_add(ss, tt_mul((double)c[k], (double)c[k]));
+      }
       ss = tt_group_reduce<G>(ss, tt_sum_op(), sm);
       const C rs = (C)(1.0 / sqrt(ss / (double)dim + eps));
       if (lane == 0) rstd[r] = rs;
 #pragma unroll
-      for (int q = 0; q < KMAX; q++) {
+      for (int q = 0; q < K; q++) {
         if (cnt[q] <= 0) continue;
-        C wv[V];
+        C c[V], wv[V];
+        tt_unpack<DT>(raw[q], c);
         tt_ld_chunk<DT>(w, tt_norm_e<V>(lane, q, G), cnt[q], vec, wv);
 #pragma unroll
-        for (int k = 0; k < V; k++) c[q][k] = tt_mul(tt_mul(c[q][k], rs), wv[k]);
-        tt_st_chunk<DT>(yr, tt_norm_e<V>(lane, q, G), cnt[q], vec, c[q]);
+        for (int k = 0; k < V; k++) c[k] = tt_mul(tt_mul(c[k], rs), wv[k]);
+        tt_st_chunk<DT>(yr, tt_norm_e<V>(lane, q, G), cnt[q], vec, c);
       }
-      continue;
-    }
-    double ss = 0.0;
-    for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
-      int64_t cnt = dim - e < V ? dim - e : V;
-      C c[V];
-      tt_ld_chunk<DT>(xr, e, cnt, vec, c);
-      if (RES) {
-        C rv[V];
-        tt_ld_chunk<DT>(rr, e, cnt, vec, rv);
+    } else {
+      double ss = 0.0;
+      for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
+        int64_t cnt = dim - e < V ? dim - e : V;
+        C c[V];
+        tt_ld_chunk<DT>(xr, e, cnt, vec, c);
+        if (RES) {
+          C rv[V];
+          tt_ld_chunk<DT>(rr, e, cnt, vec, rv);
 #pragma unroll
-        for (int k = 0; k < V; k++) c[k] = tt_ft<DT>::ld(tt_ft<DT>::st(tt_add(c[k], rv[k])));
-        tt_st_chunk<DT>(hr, e, cnt, vec, c);
+          for (int k = 0; k < V; k++) c[k] = tt_ft<DT>::ld(tt_ft<DT>::st(tt_add(c[k], rv[k])));
+          tt_st_chunk<DT>(hr, e, cnt, vec, c);
+        }
+#pragma unroll
+        for (int k = 0; k < V; k++)
+          if (k < cnt) ss = tt_add(ss, tt_mul((double)c[k], (double)c[k]));
       }
+      ss = tt_group_reduce<G>(ss, tt_sum_op(), sm);
+      const C rs = (C)(1.0 / sqrt(ss / (double)dim + eps));
+      if (lane == 0) rstd[r] = rs;
+      for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
+        int64_t cnt = dim - e < V ? dim - e : V;
+        C c[V], wv[V];
+        tt_ld_chunk<DT>(RES ? hr : xr, e, cnt, vec, c);
+        tt_ld_chunk<DT>(w, e, cnt, vec, wv);
 #pragma unroll
-      for (int k = 0; k < V; k++)
-        if (k < cnt) ss = tt_add(ss, tt_mul((double)c[k], (double)c[k]));
-    }
-    ss = tt_group_reduce<G>(ss, tt_sum_op(), sm);
-    const C rs = (C)(1.0 / sqrt(ss / (double)dim + eps));
-    if (lane == 0) rstd[r] = rs;
-    for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
-      int64_t cnt = dim - e < V ? dim - e : V;
-      C c[V], wv[V];
-      tt_ld_chunk<DT>(RES ? hr : xr, e, cnt, vec, c);
-      tt_ld_chunk<DT>(w, e, cnt, vec, wv);
-#pragma unroll
-      for (int k = 0; k < V; k++) c[k] = tt_mul(tt_mul(c[k], rs), wv[k]);
-      tt_st_chunk<DT>(yr, e, cnt, vec, c);
+        for (int k = 0; k < V; k++) c[k] = tt_mul(tt_mul(c[k], rs), wv[k]);
+        tt_st_chunk<DT>(yr, e, cnt, vec, c);
+      }
     }
   }
 }
 
+/* Chunk e of x, dy and w, converted (the streamed backward's two passes). */
+template <int DT>
+__device__ __forceinline__ void tt_norm_ld_xgw(const typename tt_ft<DT>::S *xr, const typename tt_ft<DT>::S *gr,
+                                               const typename tt_ft<DT>::S *w, int64_t e, int64_t cnt, bool vec,
+                                               typename tt_ft<DT>::C *xv, typename tt_ft<DT>::C *gv,
+                                               typename tt_ft<DT>::C *wv) {
+  tt_ld_chunk<DT>(xr, e, cnt, vec, xv);
+  tt_ld_chunk<DT>(gr, e, cnt, vec, gv);
+  tt_ld_chunk<DT>(w, e, cnt, vec, wv);
+}
+
+/* dx of one chunk, a w dy - x cc, added to the gradient already waiting
+ * for x when acc (rounded once), and stored; xv is overwritten. */
+template <int DT>
+__device__ __forceinline__ void tt_norm_dx_chunk(typename tt_ft<DT>::S *dr, int64_t e, int64_t cnt, bool vec, bool acc,
+                                                 typename tt_ft<DT>::C a, typename tt_ft<DT>::C cc,
+                                                 typename tt_ft<DT>::C *xv, const typename tt_ft<DT>::C *gv,
+                                                 const typename tt_ft<DT>::C *wv) {
+  typedef typename tt_ft<DT>::C C;
+  constexpr int V = 16 / sizeof(typename tt_ft<DT>::S);
+#pragma unroll
+  for (int k = 0; k < V; k++) xv[k] = tt_sub(tt_mul(tt_mul(a, wv[k]), gv[k]), tt_mul(xv[k], cc));
+  if (acc) {
+    C old[V];
+    tt_ld_chunk<DT>(dr, e, cnt, vec, old);
+#pragma unroll
+    for (int k = 0; k < V; k++) xv[k] = tt_add(old[k], xv[k]);
+  }
+  tt_st_chunk<DT>(dr, e, cnt, vec, xv);
+}
+
 /* dx = rstd * w * dy - x * (rstd^3 * sum(dy * w * x) / dim).
- * DW (rows kept in registers only): group `slot` takes the rows
+ * DW (rows kept in registers only, K > 0): group `slot` takes the rows
  * [slot L, slot L + L) in order and also sums dy * x * rstd over them for
  * its columns, in the compute type (at most L terms), into part[slot dim +
  * column] as a double; tt_rmsnorm_dw_final adds the slots in order. So dw
  * costs no second read of x and dy. */
-template <int DT, int G, bool DW>
-__global__ void tt_rmsnorm_dx_kernel(int64_t rows, int64_t dim, const typename tt_ft<DT>::S *__restrict__ x,
+/* Blocks per SM the dx-and-dw kernel is compiled for: 3 where ptxas fits
+ * that without spilling (bf16 rows of up to 2 chunks a thread, f32 of up to
+ * 4: the 4096-wide rows of 8B-70B models), which its default register use
+ * misses by a few registers and so halves to 2. Checked with -Xptxas -v. */
+template <int DT, int K> constexpr int tt_norm_dw_min_blocks() {
+  return (DT == TT_BF16 && K <= 2) || (DT == TT_F32 && K <= 4) ? 3 : 1;
+}
+
+template <int DT, int G, int K, bool DW>
+__global__ void __launch_bounds__(TT_CUDA_THREADS, DW ? tt_norm_dw_min_blocks<DT, K>() : 1) tt_rmsnorm_dx_kernel(int64_t rows, int64_t dim, const typename tt_ft<DT>::S *__restrict__ x,
                                      const typename tt_ft<DT>::S *__restrict__ w,
                                      const typename tt_ft<DT>::C *__restrict__ rstd,
                                      const typename tt_ft<DT>::S *__restrict__ dy, typename tt_ft<DT>::S *__restrict__ dx,
                                      bool acc, int64_t L, int64_t nslot, double *__restrict__ part) {
+  typedef typename tt_ft<DT>::S S;
   typedef typename tt_ft<DT>::C C;
-  constexpr int V = 16 / sizeof(typename tt_ft<DT>::S);
+  constexpr int V = 16 / sizeof(S);
   constexpr int PER = TT_CUDA_THREADS / G;
+  constexpr int KD = DW && K > 0 ? K : 1; /* dw accumulator chunks */
   __shared__ double sm[TT_WARPS];
+  /* The dw sums live in shared memory, not registers: each thread owns its
+   * own [q][k][threadIdx.x] cells (no sharing, so no barrier; consecutive
+   * threads, consecutive banks). In registers they cost as much as the row
+   * itself and would halve the blocks an SM holds. */
+  __shared__ C dwacc[KD][V][DW ? TT_CUDA_THREADS : 1];
   const int lane = threadIdx.x % G;
-  constexpr int KMAX = tt_norm_kmax<DT>();
-  const bool cached = dim <= (int64_t)G * V * KMAX;
   const int64_t group = (int64_t)blockIdx.x * PER + threadIdx.x / G;
   int64_t r_first = group, r_end = rows, r_step = (int64_t)gridDim.x * PER;
   if (DW) {
@@ -159,96 +236,82 @@ __global__ void tt_rmsnorm_dx_kernel(int64_t rows, int64_t dim, const typename t
     r_end = r_first + L < rows ? r_first + L : rows;
     r_step = 1;
   }
-  C dwacc[DW ? KMAX : 1][V];
+  const int tdw = DW ? threadIdx.x : 0;
+  if (DW) {
 #pragma unroll
-  for (int q = 0; q < (DW ? KMAX : 1); q++)
+    for (int q = 0; q < KD; q++)
 #pragma unroll
-    for (int k = 0; k < V; k++) dwacc[q][k] = (C)0;
+      for (int k = 0; k < V; k++) dwacc[q][k][tdw] = (C)0;
+  }
   for (int64_t r = r_first; r < r_end; r += r_step) {
-    const typename tt_ft<DT>::S *xr = x + r * dim, *gr = dy + r * dim;
-    typename tt_ft<DT>::S *dr = dx + r * dim;
+    const S *xr = x + r * dim, *gr = dy + r * dim;
+    S *dr = dx + r * dim;
     const bool vec = tt_al16(xr) && tt_al16(gr) && tt_al16(dr) && tt_al16(w);
-    if (cached) {
-      C xv[KMAX][V], gv[KMAX][V];
-      int64_t cnt[KMAX];
+    if constexpr (K > 0) {
+      tt_pack<S> xraw[K], graw[K];
+      int64_t cnt[K];
 #pragma unroll
-      for (int q = 0; q < KMAX; q++) {
+      for (int q = 0; q < K; q++) {
         cnt[q] = tt_norm_cnt<V>(lane, q, G, dim);
-        tt_ld_chunk<DT>(xr, tt_norm_e<V>(lane, q, G), cnt[q], vec, xv[q]);
-        tt_ld_chunk<DT>(gr, tt_norm_e<V>(lane, q, G), cnt[q], vec, gv[q]);
+        xraw[q] = tt_ld_raw<DT>(xr, tt_norm_e<V>(lane, q, G), cnt[q], vec);
+        graw[q] = tt_ld_raw<DT>(gr, tt_norm_e<V>(lane, q, G), cnt[q], vec);
       }
       const C rs_c = rstd[r];
       double dot = 0.0;
 #pragma unroll
-      for (int q = 0; q < KMAX; q++) {
+      for (int q = 0; q < K; q++) {
         if (cnt[q] <= 0) continue;
-        C wv[V];
+        C xv[V], gv[V], wv[V];
+        tt_unpack<DT>(xraw[q], xv);
+        tt_unpack<DT>(graw[q], gv);
         tt_ld_chunk<DT>(w, tt_norm_e<V>(lane, q, G), cnt[q], vec, wv);
 #pragma unroll
         for (int k = 0; k < V; k++) {
-          if (k < cnt[q]) dot = tt_add(dot, tt_mul(tt_mul((double)gv[q][k], (double)wv[k]), (double)xv[q][k]));
-          if (DW) dwacc[q][k] = tt_add(dwacc[q][k], tt_mul(tt_mul(gv[q][k], xv[q][k]), rs_c));
+          if (k < cnt[q]) dot = tt_add(dot, tt_mul(tt_mul((double)gv[k], (double)wv[k]), (double)xv[k]));
+          if (DW) dwacc[q % KD][k][tdw] = tt_add(dwacc[q % KD][k][tdw], tt_mul(tt_mul(gv[k], xv[k]), rs_c));
         }
       }
       dot = tt_group_reduce<G>(dot, tt_sum_op(), sm);
       const double rs = (double)rs_c;
       const C a = (C)rs, cc = (C)(rs * rs * rs * dot / (double)dim);
 #pragma unroll
-      for (int q = 0; q < KMAX; q++) {
+      for (int q = 0; q < K; q++) {
         if (cnt[q] <= 0) continue;
         const int64_t e = tt_norm_e<V>(lane, q, G);
-        C wv[V];
+        C xv[V], gv[V], wv[V];
+        tt_unpack<DT>(xraw[q], xv);
+        tt_unpack<DT>(graw[q], gv);
         tt_ld_chunk<DT>(w, e, cnt[q], vec, wv);
-#pragma unroll
-        for (int k = 0; k < V; k++) xv[q][k] = tt_sub(tt_mul(tt_mul(a, wv[k]), gv[q][k]), tt_mul(xv[q][k], cc));
-        if (acc) {
-          C old[V];
-          tt_ld_chunk<DT>(dr, e, cnt[q], vec, old);
-#pragma unroll
-          for (int k = 0; k < V; k++) xv[q][k] = tt_add(old[k], xv[q][k]);
-        }
-        tt_st_chunk<DT>(dr, e, cnt[q], vec, xv[q]);
+        tt_norm_dx_chunk<DT>(dr, e, cnt[q], vec, acc, a, cc, xv, gv, wv);
       }
-      continue;
-    }
-    double dot = 0.0;
-    for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
-      int64_t cnt = dim - e < V ? dim - e : V;
-      C xv[V], gv[V], wv[V];
-      tt_ld_chunk<DT>(xr, e, cnt, vec, xv);
-      tt_ld_chunk<DT>(gr, e, cnt, vec, gv);
-      tt_ld_chunk<DT>(w, e, cnt, vec, wv);
+    } else {
+      double dot = 0.0;
+      for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
+        int64_t cnt = dim - e < V ? dim - e : V;
+        C xv[V], gv[V], wv[V];
+        tt_norm_ld_xgw<DT>(xr, gr, w, e, cnt, vec, xv, gv, wv);
 #pragma unroll
-      for (int k = 0; k < V; k++)
-        if (k < cnt) dot = tt_add(dot, tt_mul(tt_mul((double)gv[k], (double)wv[k]), (double)xv[k]));
-    }
-    dot = tt_group_reduce<G>(dot, tt_sum_op(), sm);
-    const double rs = (double)rstd[r];
-    const C a = (C)rs, cc = (C)(rs * rs * rs * dot / (double)dim);
-    for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
-      int64_t cnt = dim - e < V ? dim - e : V;
-      C xv[V], gv[V], wv[V];
-      tt_ld_chunk<DT>(xr, e, cnt, vec, xv);
-      tt_ld_chunk<DT>(gr, e, cnt, vec, gv);
-      tt_ld_chunk<DT>(w, e, cnt, vec, wv);
-#pragma unroll
-      for (int k = 0; k < V; k++) xv[k] = tt_sub(tt_mul(tt_mul(a, wv[k]), gv[k]), tt_mul(xv[k], cc));
-      if (acc) { /* onto the gradient already waiting for x, rounded once */
-        C old[V];
-        tt_ld_chunk<DT>(dr, e, cnt, vec, old);
-#pragma unroll
-        for (int k = 0; k < V; k++) xv[k] = tt_add(old[k], xv[k]);
+        for (int k = 0; k < V; k++)
+          if (k < cnt) dot = tt_add(dot, tt_mul(tt_mul((double)gv[k], (double)wv[k]), (double)xv[k]));
       }
-      tt_st_chunk<DT>(dr, e, cnt, vec, xv);
+      dot = tt_group_reduce<G>(dot, tt_sum_op(), sm);
+      const double rs = (double)rstd[r];
+      const C a = (C)rs, cc = (C)(rs * rs * rs * dot / (double)dim);
+      for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
+        int64_t cnt = dim - e < V ? dim - e : V;
+        C xv[V], gv[V], wv[V];
+        tt_norm_ld_xgw<DT>(xr, gr, w, e, cnt, vec, xv, gv, wv);
+        tt_norm_dx_chunk<DT>(dr, e, cnt, vec, acc, a, cc, xv, gv, wv);
+      }
     }
   }
-  if (DW && group < nslot) {
+  if (DW && K > 0 && group < nslot) {
 #pragma unroll
-    for (int q = 0; q < (DW ? KMAX : 1); q++) {
+    for (int q = 0; q < KD; q++) {
       const int64_t e = tt_norm_e<V>(lane, q, G), cnt = tt_norm_cnt<V>(lane, q, G, dim);
 #pragma unroll
       for (int k = 0; k < V; k++)
-        if (k < cnt) part[group * dim + e + k] = (double)dwacc[q][k];
+        if (k < cnt) part[group * dim + e + k] = (double)dwacc[q][k][tdw];
     }
   }
 }
@@ -287,20 +350,17 @@ __global__ void tt_rmsnorm_dw_final(int64_t dim, int64_t R, const double *__rest
   }
 }
 
-template <int DT, bool RES>
+template <int DT, int G, int K, bool RES>
 static void tt_rmsnorm_go(cudaStream_t s, int64_t rows, int64_t dim, double eps, const void *x, const void *res,
                           const void *w, void *h, void *y, void *rstd) {
   typedef typename tt_ft<DT>::S S;
   typedef typename tt_ft<DT>::C C;
-  if (dim <= 1024)
-    tt_rmsnorm_kernel<DT, 32, RES><<<tt_cuda_group_blocks(rows, 32), TT_CUDA_THREADS, 0, s>>>(
-        rows, dim, eps, (const S *)x, (const S *)res, (const S *)w, (S *)h, (S *)y, (C *)rstd);
-  else
-    tt_rmsnorm_kernel<DT, TT_CUDA_THREADS, RES><<<tt_cuda_group_blocks(rows, TT_CUDA_THREADS), TT_CUDA_THREADS, 0, s>>>(
-        rows, dim, eps, (const S *)x, (const S *)res, (const S *)w, (S *)h, (S *)y, (C *)rstd);
+  tt_rmsnorm_kernel<DT, G, K, RES><<<tt_cuda_group_blocks(rows, G), TT_CUDA_THREADS, 0, s>>>(
+      rows, dim, eps, (const S *)x, (const S *)res, (const S *)w, (S *)h, (S *)y, (C *)rstd);
 }
 
-/* res == NULL: plain RMSNorm; else h = x + res is formed and normalized. */
+/* res == NULL: plain RMSNorm; else h = x + res is formed and normalized.
+ * A warp per row up to 1024 elements, the block above. */
 template <int DT>
 static tt_status tt_rmsnorm_launch(int64_t rows, int64_t dim, double eps, const void *x, const void *res, const void *w,
                                    void *h, void *y, void *rstd) {
@@ -308,10 +368,69 @@ static tt_status tt_rmsnorm_launch(int64_t rows, int64_t dim, double eps, const 
   cudaStream_t s;
   tt_status st = tt_cuda_current(&device, &s);
   if (st != TT_OK) return st;
-  if (res) tt_rmsnorm_go<DT, true>(s, rows, dim, eps, x, res, w, h, y, rstd);
-  else tt_rmsnorm_go<DT, false>(s, rows, dim, eps, x, NULL, w, NULL, y, rstd);
+  if (dim <= 1024)
+    tt_norm_with_k<DT>(tt_norm_chunks<DT>(dim, 32), [&](auto kc) {
+      if (res) tt_rmsnorm_go<DT, 32, decltype(kc)::value, true>(s, rows, dim, eps, x, res, w, h, y, rstd);
+      else tt_rmsnorm_go<DT, 32, decltype(kc)::value, false>(s, rows, dim, eps, x, NULL, w, NULL, y, rstd);
+    });
+  else
+    tt_norm_with_k<DT>(tt_norm_chunks<DT>(dim, TT_CUDA_THREADS), [&](auto kc) {
+      if (res) tt_rmsnorm_go<DT, TT_CUDA_THREADS, decltype(kc)::value, true>(s, rows, dim, eps, x, res, w, h, y, rstd);
+      else tt_rmsnorm_go<DT, TT_CUDA_THREADS, decltype(kc)::value, false>(s, rows, dim, eps, x, NULL, w, NULL, y, rstd);
+    });
   TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_kernel");
   return TT_OK;
+}
+
+/* Without dw: a grid-stride loop over the rows. */
+template <int DT, int G, int K>
+static void tt_rmsnorm_dx_go(cudaStream_t s, int64_t rows, int64_t dim, const void *x, const void *w, const void *rstd,
+                             const void *dy, void *dx, int acc) {
+  typedef typename tt_ft<DT>::S S;
+  typedef typename tt_ft<DT>::C C;
+  tt_rmsnorm_dx_kernel<DT, G, K, false><<<tt_cuda_group_blocks(rows, G), TT_CUDA_THREADS, 0, s>>>(
+      rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, 0, 0, NULL);
+}
+
+/* With dw from the same pass (K > 0): one group per slot of L consecutive
+ * rows, no grid-stride loop, so each slot's block runs L rows back to back
+ * and the launch takes as long as its longest wave. The slots are a whole
+ * number of waves of the blocks the device holds at once (L at most about
+ * 128 rows, at least 16; as many slots as the workspace holds): 512 slots
+ * on an SM count that holds 396 would leave a second, mostly idle wave
+ * taking as long as the first. So the dw bits are a function of the shape
+ * and of the device and build (same machine, same bits). */
+template <int DT, int G, int K>
+static tt_status tt_rmsnorm_dxdw_go(int device, cudaStream_t s, int64_t rows, int64_t dim, const void *x,
+                                    const void *w, const void *rstd, const void *dy, void *dx, void *dw, int acc) {
+  typedef typename tt_ft<DT>::S S;
+  typedef typename tt_ft<DT>::C C;
+  if constexpr (K == 0) {
+    return tt_error_set(TT_ERR_INTERNAL, "cuda rmsnorm_backward: dw in the dx pass needs the row in registers");
+  } else {
+    static std::atomic<int> resident[TT_CUDA_MAX_DEVICES];
+    const int64_t per = TT_CUDA_THREADS / G;
+    const int64_t groups = per * tt_cuda_resident_blocks((const void *)tt_rmsnorm_dx_kernel<DT, G, K, true>, device,
+                                                         resident);
+    const int64_t cap = (int64_t)(TT_CUDA_WORKSPACE / sizeof(double)) / dim;
+    int64_t waves = (rows + groups * 128 - 1) / (groups * 128);
+    if (waves > cap / groups) waves = cap / groups;
+    int64_t target = waves >= 1 ? waves * groups : cap;
+    int64_t L = (rows + target - 1) / target;
+    if (L < 16) L = 16;
+    const int64_t nslot = (rows + L - 1) / L;
+    std::unique_lock<std::mutex> hold;
+    void *ws;
+    tt_status st = tt_cuda_workspace(device, &ws, &hold);
+    if (st != TT_OK) return st;
+    tt_rmsnorm_dx_kernel<DT, G, K, true><<<(unsigned int)((nslot + per - 1) / per), TT_CUDA_THREADS, 0, s>>>(
+        rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, L, nslot,
+        (double *)ws);
+    TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dx_kernel (with dw)");
+    tt_rmsnorm_dw_final<DT><<<tt_cuda_blocks(dim), TT_CUDA_THREADS, 0, s>>>(dim, nslot, (const double *)ws, (S *)dw);
+    TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dw_final");
+    return TT_OK;
+  }
 }
 
 template <int DT>
@@ -323,38 +442,23 @@ static tt_status tt_rmsnorm_backward_launch(int64_t rows, int64_t dim, const voi
   cudaStream_t s;
   tt_status st = tt_cuda_current(&device, &s);
   if (st != TT_OK) return st;
-  const int G = dim <= 1024 ? 32 : TT_CUDA_THREADS;
-  const bool cached = dim <= (int64_t)G * (16 / (int64_t)sizeof(S)) * tt_norm_kmax<DT>();
-  const int64_t slot_cap = (int64_t)(TT_CUDA_WORKSPACE / sizeof(double)) / dim;
-  if (dw && cached && slot_cap >= 1) {
-    /* dw from the same pass: slots of L >= 16 rows (a function of the shape
-     * only), as many as the workspace holds. */
-    int64_t L = (rows + slot_cap - 1) / slot_cap;
-    if (L < 16) L = 16;
-    const int64_t nslot = (rows + L - 1) / L, per = TT_CUDA_THREADS / G;
-    std::unique_lock<std::mutex> hold;
-    void *ws;
-    if ((st = tt_cuda_workspace(device, &ws, &hold)) != TT_OK) return st;
-    const unsigned int blocks = (unsigned int)((nslot + per - 1) / per);
+  const int G = dim <= 1024 ? 32 : TT_CUDA_THREADS, k = tt_norm_chunks<DT>(dim, G);
+  if (dw && k > 0 && (int64_t)(TT_CUDA_WORKSPACE / sizeof(double)) / dim >= 1) {
     if (G == 32)
-      tt_rmsnorm_dx_kernel<DT, 32, true><<<blocks, TT_CUDA_THREADS, 0, s>>>(
-          rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, L, nslot,
-          (double *)ws);
-    else
-      tt_rmsnorm_dx_kernel<DT, TT_CUDA_THREADS, true><<<blocks, TT_CUDA_THREADS, 0, s>>>(
-          rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, L, nslot,
-          (double *)ws);
-    TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dx_kernel (with dw)");
-    tt_rmsnorm_dw_final<DT><<<tt_cuda_blocks(dim), TT_CUDA_THREADS, 0, s>>>(dim, nslot, (const double *)ws, (S *)dw);
-    TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dw_final");
-    return TT_OK;
+      return tt_norm_with_k<DT>(k, [&](auto kc) {
+        return tt_rmsnorm_dxdw_go<DT, 32, decltype(kc)::value>(device, s, rows, dim, x, w, rstd, dy, dx, dw, acc);
+      });
+    return tt_norm_with_k<DT>(k, [&](auto kc) {
+      return tt_rmsnorm_dxdw_go<DT, TT_CUDA_THREADS, decltype(kc)::value>(device, s, rows, dim, x, w, rstd, dy, dx, dw,
+                                                                          acc);
+    });
   }
   if (G == 32)
-    tt_rmsnorm_dx_kernel<DT, 32, false><<<tt_cuda_group_blocks(rows, 32), TT_CUDA_THREADS, 0, s>>>(
-        rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, 0, 0, NULL);
+    tt_norm_with_k<DT>(k, [&](auto kc) { tt_rmsnorm_dx_go<DT, 32, decltype(kc)::value>(s, rows, dim, x, w, rstd, dy, dx, acc); });
   else
-    tt_rmsnorm_dx_kernel<DT, TT_CUDA_THREADS, false><<<tt_cuda_group_blocks(rows, TT_CUDA_THREADS), TT_CUDA_THREADS, 0, s>>>(
-        rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, 0, 0, NULL);
+    tt_norm_with_k<DT>(k, [&](auto kc) {
+      tt_rmsnorm_dx_go<DT, TT_CUDA_THREADS, decltype(kc)::value>(s, rows, dim, x, w, rstd, dy, dx, acc);
+    });
   TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dx_kernel");
   if (!dw) return TT_OK;
   /* R row chunks: about 256k (chunk, column) threads, chunks of at least 32

@@ -493,6 +493,15 @@ extern "C" cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr attr, 
   return cudaSuccess;
 }
 
+/* Two blocks an SM for every kernel: kernels that size a launch to whole
+ * waves then run several groups per emulated SM. */
+extern "C" cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *func, int block, size_t smem) {
+  (void)smem;
+  if (!n || !func || block <= 0 || block > 1024) return emu_err(cudaErrorInvalidValue);
+  *n = 2;
+  return cudaSuccess;
+}
+
 extern "C" cudaError_t cudaRuntimeGetVersion(int *v) {
   *v = CUDART_VERSION;
   return cudaSuccess;
