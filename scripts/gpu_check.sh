@@ -357,6 +357,19 @@ first_match() { # pattern dirs... -> first existing file
   return 1
 }
 
+sibling_header() { # library header -> that header as installed with the library
+  local d
+  d="$(dirname "$1")"
+  case "$d" in
+    "/usr/lib/$MULTIARCH" | "/lib/$MULTIARCH" | /usr/lib64 | /usr/lib | /lib64)
+      first_match "$2" /usr/include "/usr/include/$MULTIARCH" ;;
+    /usr/local/lib | /usr/local/lib64) first_match "$2" /usr/local/include ;;
+    *)
+      local inc_dir
+      inc_dir="$(cd "$d/../include" 2>/dev/null && pwd)" && first_match "$2" "$inc_dir" ;;
+  esac
+}
+
 # Where nvcc, cuBLASLt, cuDNN and NCCL are. CMake finds them in the toolkit's
 # folders by itself; when they exist only elsewhere (e.g. PyTorch's nvidia-*
 # wheels), their paths go to CMake (CUDA_CMAKE_ARGS) and their folders onto
@@ -382,18 +395,37 @@ find_cuda_libs() {
   for name in cudnn nccl cublasLt; do
     local hdr="$name.h"
     [ "$name" = cublasLt ] && hdr="cublasLt.h"
-    lib="$(first_match "lib$name.so" "${tk_libs[@]}" || first_match "lib$name.so.*" "${tk_libs[@]}" || true)"
-    inc="$(first_match "$hdr" "${tk_incs[@]}" || true)"
-    local where="toolkit/system"
-    if [ -z "$lib" ] || [ -z "$inc" ]; then
-      local w sub
-      for w in "${wheel_dirs[@]}"; do
-        for sub in "$w"/*/; do
-          [ -z "$lib" ] && lib="$(first_match "lib$name.so*" "${sub}lib" || true)"
-          [ -z "$inc" ] && inc="$(first_match "$hdr" "${sub}include" || true)"
-        done
+    # Each library found, toolkit and system folders first, then the wheels;
+    # the first one whose own install has the header wins (a header from
+    # one cuDNN and a library from another compile and then fail at run
+    # time, or worse). Only when none has one are the two taken apart.
+    local cands=() d w sub c h
+    for d in "${tk_libs[@]}"; do
+      c="$(first_match "lib$name.so" "$d" || first_match "lib$name.so.*" "$d" || true)"
+      [ -n "$c" ] && cands+=("$c|toolkit/system")
+    done
+    for w in "${wheel_dirs[@]}"; do
+      for sub in "$w"/*/; do
+        c="$(first_match "lib$name.so*" "${sub}lib" || true)"
+        [ -n "$c" ] && cands+=("$c|wheel")
       done
-      where="wheels (${wheel_dirs[*]:-none})"
+    done
+    lib="" inc=""
+    local where=""
+    for c in "${cands[@]}"; do
+      h="$(sibling_header "${c%%|*}" "$hdr" || true)"
+      if [ -n "$h" ]; then
+        lib="${c%%|*}" inc="$h" where="${c##*|}"
+        break
+      fi
+    done
+    if [ -z "$lib" ]; then
+      [ "${#cands[@]}" -gt 0 ] && lib="${cands[0]%%|*}"
+      inc="$(first_match "$hdr" "${tk_incs[@]}" || true)"
+      for w in "${wheel_dirs[@]}"; do
+        for sub in "$w"/*/; do [ -z "$inc" ] && inc="$(first_match "$hdr" "${sub}include" || true)"; done
+      done
+      where="not one install: the header and the library come from different places; check that their versions agree"
     fi
     printf '  %-9s lib %s\n            header %s  [%s]\n' "$name" "${lib:-NOT FOUND}" "${inc:-NOT FOUND}" "$where"
     [ -n "$lib" ] || continue
@@ -803,11 +835,14 @@ dry_run() {
   echo "OUTDIR receives 8 files: summary.md setup.log build.log cuda_tests.log bench_titan.log bench_torch.log cpu_tests.log results.json"
 }
 
-case "${1:-}" in
-  --prepare) prepare ;;
-  --dry-run) dry_run ;;
-  --selftest) selftest_prefix ;;
-  -h | --help | "") sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' ;;
-  -*) die "unknown option $1 (expected --prepare, --dry-run or OUTDIR)" ;;
-  *) run "$1" ;;
-esac
+# Sourced (tests/lua/gpu_check_spec.lua calls its functions), it stops here.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  case "${1:-}" in
+    --prepare) prepare ;;
+    --dry-run) dry_run ;;
+    --selftest) selftest_prefix ;;
+    -h | --help | "") sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' ;;
+    -*) die "unknown option $1 (expected --prepare, --dry-run or OUTDIR)" ;;
+    *) run "$1" ;;
+  esac
+fi
