@@ -29,7 +29,9 @@
  *
  * Not emulated: timing and concurrency between streams (so a missing event
  * wait goes unseen), data races between the threads of a kernel (fibers
- * switch only at barriers), the device's exact math library (expf, logf).
+ * switch only at barriers; TITAN_CUEMU_ORDER=reverse runs them the other
+ * way round, which shows a missing barrier), the device's exact math
+ * library (expf, logf).
  *
  * Devices: TITAN_CUEMU_DEVICES (default 1), each with TITAN_CUEMU_MEM_MB of
  * memory (default 8192) and 4 "SMs", compute capability 9.0.
@@ -164,11 +166,29 @@ static void emu_to_scheduler(emu_block_runner *r, emu_fiber *f) {
 #endif
 }
 
-/* The next runnable fiber after f among [lo, hi), cyclically; NULL if none. */
+/* TITAN_CUEMU_ORDER=reverse runs the blocks of a grid and the threads of a
+ * block between two barriers (or shuffles) from the last to the first. A
+ * thread reading what another wrote with no barrier between them sees the
+ * write in one order and not in the other, so a spec that passes both ways
+ * has no such race that it exercises; the hardware gives no order at all. */
+static bool emu_reverse(void) {
+  static const bool rev = [] {
+    const char *o = getenv("TITAN_CUEMU_ORDER");
+    if (!o || !*o || !strcmp(o, "forward")) return false;
+    if (!strcmp(o, "reverse")) return true;
+    fprintf(stderr, "cuemu: TITAN_CUEMU_ORDER=%s (expected forward or reverse)\n", o);
+    exit(2);
+  }();
+  return rev;
+}
+
+/* The next runnable fiber after f among [lo, hi), cyclically (before f,
+ * in reverse order); NULL if none. */
 static emu_fiber *emu_next_run(emu_block_runner *r, emu_fiber *f, size_t lo, size_t hi) {
   const size_t i = (size_t)(f - r->fibers.data()), span = hi - lo;
+  const bool rev = emu_reverse();
   for (size_t k = 1; k < span; k++) {
-    emu_fiber *g = &r->fibers[lo + (i - lo + k) % span];
+    emu_fiber *g = &r->fibers[lo + (i - lo + (rev ? span - k : k)) % span];
     if (g->state == F_RUN) return g;
   }
   return NULL;
@@ -350,9 +370,12 @@ static void emu_run_block(emu_block_runner *r, dim3 grid, dim3 block, dim3 bidx)
     f->state = F_RUN;
     emu_fiber_start(f);
   }
+  const bool rev = emu_reverse();
   for (;;) {
-    for (size_t i = 0; i < n; i++)
+    for (size_t k = 0; k < n; k++) {
+      const size_t i = rev ? n - 1 - k : k;
       if (r->fibers[i].state == F_RUN) emu_resume(r, &r->fibers[i]);
+    }
     size_t live = 0, waiting_sync = 0;
     for (size_t i = 0; i < n; i++) {
       if (r->fibers[i].state != F_DONE) live++;
@@ -391,9 +414,12 @@ static void emu_run_kernel(const char *name, dim3 grid, dim3 block, const std::f
   emu_runner = r;
   r->body = &body;
   r->kernel = name;
-  for (unsigned z = 0; z < grid.z; z++)
-    for (unsigned y = 0; y < grid.y; y++)
-      for (unsigned x = 0; x < grid.x; x++) emu_run_block(r, grid, block, dim3(x, y, z));
+  const size_t blocks = (size_t)grid.x * grid.y * grid.z;
+  for (size_t k = 0; k < blocks; k++) {
+    const size_t b = emu_reverse() ? blocks - 1 - k : k;
+    emu_run_block(r, grid, block, dim3((unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y),
+                                       (unsigned)(b / ((size_t)grid.x * grid.y))));
+  }
   emu_runner = NULL;
 }
 
