@@ -40,7 +40,9 @@
  * (tt_ld_raw: half the registers for 16-bit types) and converted in each
  * pass. */
 template <int DT> __host__ __device__ constexpr int tt_norm_kmax() { return DT == TT_F64 ? 4 : 32 / (16 / (int)sizeof(typename tt_ft<DT>::S)); }
-template <int DT> constexpr int tt_norm_kfit(int k) { return DT == TT_F64 || k > tt_norm_kmax<DT>() ? tt_norm_kmax<DT>() : k; }
+template <int DT> constexpr int tt_norm_kfit(int k) {
+  return DT == TT_F64 || k > tt_norm_kmax<DT>() ? tt_norm_kmax<DT>() : k;
+}
 
 /* The K a row of `dim` elements gets from a group of G lanes; 0: streamed. */
 template <int DT> static int tt_norm_chunks(int64_t dim, int G) {
@@ -212,11 +214,11 @@ template <int DT, int K> constexpr int tt_norm_dw_min_blocks() {
 }
 
 template <int DT, int G, int K, bool DW>
-__global__ void __launch_bounds__(TT_CUDA_THREADS, DW ? tt_norm_dw_min_blocks<DT, K>() : 1) tt_rmsnorm_dx_kernel(int64_t rows, int64_t dim, const typename tt_ft<DT>::S *__restrict__ x,
-                                     const typename tt_ft<DT>::S *__restrict__ w,
-                                     const typename tt_ft<DT>::C *__restrict__ rstd,
-                                     const typename tt_ft<DT>::S *__restrict__ dy, typename tt_ft<DT>::S *__restrict__ dx,
-                                     bool acc, int64_t L, int64_t nslot, double *__restrict__ part) {
+__global__ void __launch_bounds__(TT_CUDA_THREADS, DW ? tt_norm_dw_min_blocks<DT, K>() : 1)
+    tt_rmsnorm_dx_kernel(int64_t rows, int64_t dim, const typename tt_ft<DT>::S *__restrict__ x,
+                         const typename tt_ft<DT>::S *__restrict__ w, const typename tt_ft<DT>::C *__restrict__ rstd,
+                         const typename tt_ft<DT>::S *__restrict__ dy, typename tt_ft<DT>::S *__restrict__ dx, bool acc,
+                         int64_t L, int64_t nslot, double *__restrict__ part) {
   typedef typename tt_ft<DT>::S S;
   typedef typename tt_ft<DT>::C C;
   constexpr int V = 16 / sizeof(S);
@@ -454,7 +456,9 @@ static tt_status tt_rmsnorm_backward_launch(int64_t rows, int64_t dim, const voi
     });
   }
   if (G == 32)
-    tt_norm_with_k<DT>(k, [&](auto kc) { tt_rmsnorm_dx_go<DT, 32, decltype(kc)::value>(s, rows, dim, x, w, rstd, dy, dx, acc); });
+    tt_norm_with_k<DT>(k, [&](auto kc) {
+      tt_rmsnorm_dx_go<DT, 32, decltype(kc)::value>(s, rows, dim, x, w, rstd, dy, dx, acc);
+    });
   else
     tt_norm_with_k<DT>(k, [&](auto kc) {
       tt_rmsnorm_dx_go<DT, TT_CUDA_THREADS, decltype(kc)::value>(s, rows, dim, x, w, rstd, dy, dx, acc);
