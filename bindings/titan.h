@@ -95,6 +95,21 @@ int tt_allow_tf32(void);
 const char *tt_blas_info(void);
 int tt_cuda_available(void);
 int tt_cuda_device_count(void);
+/* The cuDNN SDPA graph the CUDA backend would build for one attention call,
+ * checked without a GPU (docs/cuda.md): the graph is built and finalized,
+ * cuDNN's heuristics run for the GPU that `deviceprop_json` describes
+ * (cuDNN's CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION; `sm` is its compute
+ * capability, 10 major + minor), and each proposed engine config's plan is
+ * finalized as far as it goes without a GPU, which is to loading its
+ * compiled kernel. *accepted: the configs that got that far (0: cuDNN would
+ * not run it, the fallback kernels would); report: which engines, or why
+ * not. dtype bf16 or f16. TT_ERR_UNSUPPORTED: a build without CUDA, or a
+ * cuDNN before 9.8 (no device properties); TT_ERR_INVALID: JSON cuDNN
+ * refuses. Meant to run with the CUDA toolkit's stub libcuda where there is
+ * no driver. */
+tt_status tt_cuda_attention_graph_check(int backward, int dtype, int causal, int deterministic, int64_t B, int64_t T,
+                                        int64_t S, int64_t Hq, int64_t Hkv, int64_t D, int sm,
+                                        const char *deviceprop_json, int *accepted, char *report, size_t report_len);
 /* Waits for everything queued on dev, then reports (TT_ERR_INDEX, naming the
  * op) and clears the first out-of-range index its kernels met since the
  * last report: GPU kernels record such an index instead of faulting, and

@@ -35,6 +35,16 @@ const tt_kernels *tt_backend(tt_device dev) {
 
 #ifndef TITAN_HAVE_CUDA
 const tt_kernels *tt_kernels_cuda(void) { return NULL; }
+
+tt_status tt_cuda_attention_graph_check(int backward, int dtype, int causal, int deterministic, int64_t B, int64_t T,
+                                        int64_t S, int64_t Hq, int64_t Hkv, int64_t D, int sm,
+                                        const char *deviceprop_json, int *accepted, char *report, size_t report_len) {
+  (void)backward, (void)dtype, (void)causal, (void)deterministic, (void)B, (void)T, (void)S, (void)Hq, (void)Hkv;
+  (void)D, (void)sm, (void)deviceprop_json;
+  if (accepted) *accepted = 0;
+  if (report && report_len) report[0] = '\0';
+  return tt_error_set(TT_ERR_UNSUPPORTED, "attention graph check: this build has no CUDA backend (TITAN_CUDA=OFF)");
+}
 #endif
 
 const char *tt_device_name(tt_device dev, char *buf, size_t len) {

@@ -26,17 +26,21 @@
  *     engines take), GPUs before sm_80, causal with S < T (rows that see no
  *     key), misaligned pointers, and any graph cuDNN rejects while the plan
  *     is built. The choice is logged once per (direction, shape, dtype) on
- *     stderr. A failure while a built plan executes is an error, not a
- *     fallback.
+ *     stderr. A built plan that cudnnBackendExecute refuses (NOT_SUPPORTED
+ *     or EXECUTION_FAILED) is remembered as unavailable and the fallback
+ *     serves, except during a CUDA graph capture (an error there); any
+ *     other failure (BAD_PARAM: this file's bug) is an error.
  *
  * Deterministic mode (tt_deterministic(), config debug.deterministic). The
  * SDPA backward engines may accumulate dQ across key blocks with float
- * atomics, so the bits of dQ depend on timing. In this mode every engine
- * config whose numerical notes include CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC
- * (or whose notes cannot be read) is skipped, and the backward graph asks
- * for a deterministic algorithm the way cudnn-frontend does (its
- * rowsum(dO * O) reduction marked CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC,
- * cuDNN 9.5 and later). When no config is left, the call goes to the
+ * atomics, so the bits of dQ depend on timing. In this mode the backward
+ * graph asks for the deterministic algorithm the way cudnn-frontend does on
+ * Hopper: dQ = dS K is written straight to dQ, with no non-virtual f32 dQ
+ * accumulator (the accumulator is what selects the atomic engine). As a
+ * second guard every engine config whose numerical notes include
+ * CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC (or whose notes cannot be read) is
+ * skipped; cuDNN 9.19's SDPA engines note only TENSOR_CORE, so today the
+ * graph alone decides. When no config is left, the call goes to the
  * fallback kernels (deterministic by construction), logged once per shape.
  * The mode is part of the plan key: switching it never reuses a plan built
  * for the other.
@@ -248,10 +252,9 @@ static void att_pointwise(att_graph *g, cudnnPointwiseMode_t mode, cudnnDataType
   cudnnBackendDescriptor_t pw = ATT_NEW(g, CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
   ATT_SET(g, pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
   ATT_SET(g, pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
-  /* axis: GEN_INDEX's dimension; cudnn-frontend also tags the integer ADD
-   * and SUB of the bottom-right causal mask with the column axis (3). */
-  if (mode == CUDNN_POINTWISE_GEN_INDEX || axis > 0)
-    ATT_SET(g, pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
+  /* axis: GEN_INDEX's dimension, the one pointwise mode that has one (as
+   * cudnn-frontend sets it). */
+  if (mode == CUDNN_POINTWISE_GEN_INDEX) ATT_SET(g, pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
   ATT_FINALIZE(g, pw, "pointwise");
   cudnnBackendDescriptor_t op = ATT_NEW(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
   ATT_SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw);
@@ -288,16 +291,13 @@ static void att_matmul(att_graph *g, cudnnBackendDescriptor_t a, cudnnBackendDes
   att_add_op(g, op);
 }
 
-/* y = reduce(x) over the dims where y is smaller (sizes 1, or kv heads).
- * deterministic: set CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC (see the header). */
+/* y = reduce(x) over the dims where y is smaller (sizes 1, or kv heads). */
 static void att_reduce(att_graph *g, cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x,
-                       cudnnBackendDescriptor_t y, bool deterministic) {
+                       cudnnBackendDescriptor_t y) {
   const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
   cudnnBackendDescriptor_t rd = ATT_NEW(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
   ATT_SET(g, rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
   ATT_SET(g, rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
-  if (deterministic)
-    ATT_SET(g, rd, CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC, CUDNN_TYPE_BOOLEAN, 1, &deterministic);
   ATT_FINALIZE(g, rd, "reduction");
   cudnnBackendDescriptor_t op = ATT_NEW(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
   ATT_SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
@@ -346,9 +346,9 @@ static cudnnBackendDescriptor_t att_causal_mask(att_graph *g, const att_key *k, 
     cudnnBackendDescriptor_t skv = att_scalar(g, UID_SKV, CUDNN_DATA_INT32);
     cudnnBackendDescriptor_t sq = att_scalar(g, UID_SQ, CUDNN_DATA_INT32);
     cudnnBackendDescriptor_t r1 = att_virtual(g, CUDNN_DATA_INT32, sc);
-    att_pointwise(g, CUDNN_POINTWISE_ADD, CUDNN_DATA_INT32, 3, row, skv, NULL, r1);
+    att_pointwise(g, CUDNN_POINTWISE_ADD, CUDNN_DATA_INT32, 0, row, skv, NULL, r1);
     cudnnBackendDescriptor_t r2 = att_virtual(g, CUDNN_DATA_INT32, sc);
-    att_pointwise(g, CUDNN_POINTWISE_SUB, CUDNN_DATA_INT32, 3, r1, sq, NULL, r2);
+    att_pointwise(g, CUDNN_POINTWISE_SUB, CUDNN_DATA_INT32, 0, r1, sq, NULL, r2);
     row = r2;
   }
   cudnnBackendDescriptor_t keep = att_virtual(g, CUDNN_DATA_BOOLEAN, sc);
@@ -377,13 +377,13 @@ static void att_build_forward(att_graph *g, const att_key *k) {
   if (k->causal) ss = att_causal_mask(g, k, ss);
 
   cudnnBackendDescriptor_t mx = att_virtual(g, F, row1);
-  att_reduce(g, CUDNN_REDUCE_TENSOR_MAX, ss, mx, false);
+  att_reduce(g, CUDNN_REDUCE_TENSOR_MAX, ss, mx);
   cudnnBackendDescriptor_t sub = att_virtual(g, F, v.scores);
   att_pw2(g, CUDNN_POINTWISE_SUB, ss, mx, sub);
   cudnnBackendDescriptor_t e = att_virtual(g, F, v.scores);
   att_pw1(g, CUDNN_POINTWISE_EXP, sub, e);
   cudnnBackendDescriptor_t z = att_virtual(g, F, row1);
-  att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, e, z, false);
+  att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, e, z);
   cudnnBackendDescriptor_t lz = att_virtual(g, F, row1);
   att_pw1(g, CUDNN_POINTWISE_LOG, z, lz);
   att_pw2(g, CUDNN_POINTWISE_ADD, mx, lz, STATS);
@@ -415,7 +415,7 @@ static void att_build_backward(att_graph *g, const att_key *k) {
   cudnnBackendDescriptor_t doo = att_virtual(g, F, att_shp(B, Hq, T, D, Hq * T * D, T * D, Hq * D, 1));
   att_pw2(g, CUDNN_POINTWISE_MUL, dO, O, doo);
   cudnnBackendDescriptor_t red = att_virtual(g, F, row1);
-  att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, doo, red, false); /* the frontend never marks this one */
+  att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, doo, red);
   cudnnBackendDescriptor_t sd = att_io(g, UID_SOFTMAX_SUM, F, att_packed(B, Hq, T, 1));
   att_pw2(g, CUDNN_POINTWISE_MUL, red, ONE, sd);
 
@@ -438,7 +438,7 @@ static void att_build_backward(att_graph *g, const att_key *k) {
   } else {
     cudnnBackendDescriptor_t dvh = att_virtual(g, g->io, per_qhead);
     att_matmul(g, pt, dO, dvh);
-    att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, dvh, dV, false);
+    att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, dvh, dV);
   }
 
   /* dS = P (dO V^T - Sd) scale. */
@@ -459,7 +459,7 @@ static void att_build_backward(att_graph *g, const att_key *k) {
   } else {
     cudnnBackendDescriptor_t dkh = att_virtual(g, g->io, per_qhead);
     att_matmul(g, dst, Q, dkh);
-    att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, dkh, dK, false);
+    att_reduce(g, CUDNN_REDUCE_TENSOR_ADD, dkh, dK);
   }
 
   /* dQ = dS K. The graph's shape chooses the algorithm (cudnn-frontend
@@ -530,11 +530,22 @@ static int att_cfg_nondeterministic(cudnnBackendDescriptor_t cfg) {
   return 0;
 }
 
+/* What att_find_plan saw, for the deviceless check: the engine configs
+ * heuristics proposed, and those an engine accepted (its plan finalized, or
+ * failed only when loading the compiled kernel into a driver that has no
+ * GPU: CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER), with their engine ids. */
+struct att_tally {
+  int proposed, accepted;
+  int64_t engines[2 * ATT_CFGS];
+};
+
 /* Finds an execution plan for the finalized operation graph `og`: the
  * engine configs heuristics mode A proposes, then mode FALLBACK's, the first
- * that finalizes wins; with `det`, only configs not marked nondeterministic. */
-static cudnnBackendDescriptor_t att_find_plan(att_graph *g, cudnnHandle_t handle, cudnnBackendDescriptor_t og,
-                                              int det, int64_t *ws) {
+ * that finalizes wins; with `det`, only configs not marked nondeterministic.
+ * For a GPU, `handle`; for a device described offline (no GPU: the
+ * deviceless check), `devprop` instead, and `tally` counts what happened. */
+static cudnnBackendDescriptor_t att_find_plan(att_graph *g, cudnnHandle_t handle, cudnnBackendDescriptor_t devprop,
+                                              cudnnBackendDescriptor_t og, int det, int64_t *ws, att_tally *tally) {
   char last[ATT_REASON] = "no engine config proposed";
   int skipped = 0; /* configs deterministic mode refused */
   const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
@@ -542,6 +553,9 @@ static cudnnBackendDescriptor_t att_find_plan(att_graph *g, cudnnHandle_t handle
     cudnnBackendDescriptor_t heur = ATT_NEW(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     ATT_SET(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &og);
     ATT_SET(g, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &modes[m]);
+#if CUDNN_VERSION >= 90800
+    if (devprop) ATT_SET(g, heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop);
+#endif
     ATT_FINALIZE(g, heur, "engine heuristics");
     if (g->status != CUDNN_STATUS_SUCCESS) break;
     int64_t count = 0;
@@ -568,15 +582,32 @@ static cudnnBackendDescriptor_t att_find_plan(att_graph *g, cudnnHandle_t handle
         skipped++;
         continue;
       }
+      if (tally) tally->proposed++;
       /* A config may fail to finalize (unsupported on this GPU): try the next. */
       cudnnBackendDescriptor_t plan = NULL;
       st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan);
-      if (st == CUDNN_STATUS_SUCCESS)
+      if (st == CUDNN_STATUS_SUCCESS && !devprop)
         st = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+#if CUDNN_VERSION >= 90800
+      if (st == CUDNN_STATUS_SUCCESS && devprop)
+        st = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                      &devprop);
+#endif
       if (st == CUDNN_STATUS_SUCCESS)
         st = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                                       &cfgs[i]);
       if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(plan);
+      if (tally && (st == CUDNN_STATUS_SUCCESS || st == CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER)) {
+        cudnnBackendDescriptor_t engine = NULL;
+        int64_t n = 0, id = -1;
+        if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) == CUDNN_STATUS_SUCCESS &&
+            cudnnBackendGetAttribute(cfgs[i], CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
+                                     &engine) == CUDNN_STATUS_SUCCESS)
+          (void)cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &id);
+        if (engine) cudnnBackendDestroyDescriptor(engine);
+        if (tally->accepted < 2 * ATT_CFGS) tally->engines[tally->accepted] = id;
+        tally->accepted++;
+      }
       int64_t n = 0;
       if (st == CUDNN_STATUS_SUCCESS)
         st = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, ws);
@@ -621,7 +652,7 @@ static void att_plan_build(att_dev *dv, att_plan *p, const att_key *key) {
   ATT_SET(g, og, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &dv->handle);
   ATT_FINALIZE(g, og, "operation graph");
   int64_t plan_ws = 0;
-  if (g->status == CUDNN_STATUS_SUCCESS) p->plan = att_find_plan(g, dv->handle, og, key->det, &plan_ws);
+  if (g->status == CUDNN_STATUS_SUCCESS) p->plan = att_find_plan(g, dv->handle, NULL, og, key->det, &plan_ws, NULL);
   if (g->status != CUDNN_STATUS_SUCCESS || !p->plan) {
     snprintf(p->reason, sizeof p->reason, "%s", g->failure);
     att_graph_release(g);
@@ -720,12 +751,13 @@ extern "C" tt_status tt_cuda_attention_prepare(int device) {
 }
 
 /* What cuDNN 9's SDPA engines take (cudnn-frontend's support surface for
- * its composite node), checked before a graph is built. 0 + why if not. */
-static int att_cudnn_takes(const att_dev *dv, const att_key *k, char *why, size_t n) {
+ * its composite node) on a GPU of compute capability sm (10 major + minor),
+ * checked before a graph is built. 0 + why if not. */
+static int att_cudnn_takes(int sm, const att_key *k, char *why, size_t n) {
   const size_t ver = cudnnGetVersion();
-  const int major = dv->sm / 10;
-  if (dv->sm < 80) {
-    snprintf(why, n, "compute capability %d.%d; cuDNN SDPA needs 8.0 or newer", major, dv->sm % 10);
+  const int major = sm / 10;
+  if (sm < 80) {
+    snprintf(why, n, "compute capability %d.%d; cuDNN SDPA needs 8.0 or newer", major, sm % 10);
     return 0;
   }
   if (ver == 91000 || ver == 91001) {
@@ -750,7 +782,7 @@ static int att_cudnn_takes(const att_dev *dv, const att_key *k, char *why, size_
   }
   if (k->dir == ATT_FWD) {
     if (((major == 8 && ver <= 90900) || (major == 10 && ver < 90900)) && k->D > 128) {
-      snprintf(why, n, "head_dim %lld > 128 on sm_%d needs a newer cuDNN than %zu", (long long)k->D, dv->sm, ver);
+      snprintf(why, n, "head_dim %lld > 128 on sm_%d needs a newer cuDNN than %zu", (long long)k->D, sm, ver);
       return 0;
     }
     return 1;
@@ -760,7 +792,7 @@ static int att_cudnn_takes(const att_dev *dv, const att_key *k, char *why, size_
     return 0;
   }
   if (major != 9 && k->D > 128) {
-    snprintf(why, n, "the backward takes head_dim > 128 on Hopper only (this is sm_%d)", dv->sm);
+    snprintf(why, n, "the backward takes head_dim > 128 on Hopper only (this is sm_%d)", sm);
     return 0;
   }
   if (ver <= 91500 && k->S % 128 != 0) {
@@ -839,7 +871,7 @@ static tt_status att_cudnn_run(int device, cudaStream_t stream, const att_key *k
     /* Work queued with the evicted plan may still run (its kernels live in the plan). */
     if (p->state == ATT_READY) TT_CUDA_CHECK(cudaStreamSynchronize(stream));
     att_plan_release(p);
-    if (!att_cudnn_takes(dv, key, p->reason, sizeof p->reason)) {
+    if (!att_cudnn_takes(dv->sm, key, p->reason, sizeof p->reason)) {
       p->key = *key;
       p->state = ATT_UNAVAILABLE;
     } else {
@@ -858,10 +890,12 @@ static tt_status att_cudnn_run(int device, cudaStream_t stream, const att_key *k
   const size_t ver = cudnnGetVersion();
   float scale_f = (float)scale, one = 1.0f, neg_inf = -FLT_MAX;
   int32_t skv = (int32_t)key->S, sq = (int32_t)key->T;
-  int64_t uids[16];
-  void *ptrs[16];
+  /* Every non-virtual uid at most once: UID_SQ (16) of them. */
+  int64_t uids[UID_SQ];
+  void *ptrs[UID_SQ];
   int nb = 0;
   auto bind = [&](int64_t uid, const void *ptr) {
+    if (nb == UID_SQ) return; /* cannot happen: each uid is bound once */
     uids[nb] = uid;
     ptrs[nb] = (void *)ptr;
     nb++;
@@ -1066,4 +1100,87 @@ extern "C" tt_status tt_cuda_attention_backward(int dtype, int64_t B, int64_t T,
   }
   return tt_att_fallback_backward(dtype, B, T, S, Hq, Hkv, D, causal, scale, q, k, v, o, lse, dout, dq, dk, dv,
                                   stream);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The deviceless check (bindings/titan.h): the graph and plan search above, */
+/* for a GPU described by cuDNN's JSON device properties instead of a GPU.  */
+/* ------------------------------------------------------------------------ */
+
+extern "C" tt_status tt_cuda_attention_graph_check(int backward, int dtype, int causal, int deterministic, int64_t B,
+                                                   int64_t T, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, int sm,
+                                                   const char *deviceprop_json, int *accepted, char *report,
+                                                   size_t report_len) {
+  if (!accepted || !report || report_len == 0 || !deviceprop_json)
+    return tt_error_set(TT_ERR_INVALID, "attention graph check: accepted, report and deviceprop_json are required");
+  *accepted = 0;
+  report[0] = '\0';
+  if (dtype != TT_BF16 && dtype != TT_F16)
+    return tt_error_set(TT_ERR_DTYPE, "attention graph check: dtype %d (cuDNN SDPA takes bf16 and f16)", dtype);
+  if (B <= 0 || T <= 0 || S <= 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || Hq % Hkv != 0)
+    return tt_error_set(TT_ERR_SHAPE, "attention graph check: B %lld T %lld S %lld Hq %lld Hkv %lld D %lld (all > 0, "
+                        "Hq a multiple of Hkv)", (long long)B, (long long)T, (long long)S, (long long)Hq,
+                        (long long)Hkv, (long long)D);
+#if CUDNN_VERSION < 90800
+  (void)backward, (void)causal, (void)deterministic, (void)sm;
+  return tt_error_set(TT_ERR_UNSUPPORTED, "attention graph check: built against cuDNN %d; device properties "
+                      "without a GPU need cuDNN 9.8", (int)CUDNN_VERSION);
+#else
+  if (cudnnGetVersion() < 90800)
+    return tt_error_set(TT_ERR_UNSUPPORTED, "attention graph check: cuDNN %zu; device properties without a GPU need "
+                        "cuDNN 9.8", cudnnGetVersion());
+  att_key key;
+  memset(&key, 0, sizeof key);
+  key.dir = backward ? ATT_BWD : ATT_FWD;
+  key.dtype = dtype;
+  key.causal = causal != 0;
+  key.det = deterministic != 0;
+  key.B = B, key.T = T, key.S = S, key.Hq = Hq, key.Hkv = Hkv, key.D = D;
+  /* Titan's own rules first: a shape they refuse never reaches cuDNN. */
+  char why[ATT_REASON];
+  if (!att_cudnn_takes(sm, &key, why, sizeof why)) {
+    snprintf(report, report_len, "not offered to cuDNN: %s", why);
+    return TT_OK;
+  }
+  cudnnBackendDescriptor_t devprop = NULL;
+  cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &devprop);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(devprop, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                                  (int64_t)strlen(deviceprop_json), deviceprop_json);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(devprop);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    char msg[256];
+    att_last_cudnn_message(msg, sizeof msg);
+    if (devprop) cudnnBackendDestroyDescriptor(devprop);
+    return tt_error_set(TT_ERR_INVALID, "attention graph check: cuDNN refused the device properties: %s%s%s",
+                        cudnnGetErrorString(st), msg[0] ? ": " : "", msg);
+  }
+  att_graph *g = new att_graph();
+  g->next_uid = UID_VIRTUAL;
+  g->io = dtype == TT_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+  if (key.dir == ATT_FWD) att_build_forward(g, &key);
+  else att_build_backward(g, &key);
+  cudnnBackendDescriptor_t og = ATT_NEW(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  ATT_SET(g, og, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g->nops, g->ops);
+  ATT_FINALIZE(g, og, "operation graph");
+  att_tally tally;
+  memset(&tally, 0, sizeof tally);
+  int64_t ws = 0;
+  if (g->status == CUDNN_STATUS_SUCCESS) (void)att_find_plan(g, NULL, devprop, og, key.det, &ws, &tally);
+  *accepted = tally.accepted;
+  if (tally.accepted > 0) {
+    int n = snprintf(report, report_len, "%d of %d engine config(s) accepted the %d-op graph (engine", tally.accepted,
+                     tally.proposed, g->nops);
+    for (int i = 0; i < tally.accepted && i < 2 * ATT_CFGS && n > 0 && (size_t)n < report_len; i++)
+      n += snprintf(report + n, report_len - n, "%s %lld", i ? "," : "", (long long)tally.engines[i]);
+    if (n > 0 && (size_t)n < report_len) snprintf(report + n, report_len - n, ")");
+  } else {
+    snprintf(report, report_len, "rejected (%d engine config(s) proposed): %s", tally.proposed,
+             g->status != CUDNN_STATUS_SUCCESS ? g->failure : "no engine config finalizes");
+  }
+  att_graph_release(g);
+  delete g;
+  cudnnBackendDestroyDescriptor(devprop);
+  return TT_OK;
+#endif
 }
