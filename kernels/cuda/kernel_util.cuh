@@ -83,27 +83,10 @@ template <typename S> struct alignas(16) tt_pack {
 
 __host__ __device__ __forceinline__ bool tt_al16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-/* Elements [e, e + cnt) of p (cnt <= V), converted; lanes past cnt get 0. */
-template <int DT>
-__device__ __forceinline__ void tt_ld_chunk(const typename tt_ft<DT>::S *p, int64_t e, int64_t cnt, bool vec,
-                                            typename tt_ft<DT>::C *out) {
-  typedef typename tt_ft<DT>::S S;
-  typedef typename tt_ft<DT>::C C;
-  constexpr int V = 16 / sizeof(S);
-  if (vec && cnt == V) {
-    tt_pack<S> pk = *reinterpret_cast<const tt_pack<S> *>(p + e);
-#pragma unroll
-    for (int k = 0; k < V; k++) out[k] = tt_ft<DT>::ld(pk.v[k]);
-  } else {
-#pragma unroll
-    for (int k = 0; k < V; k++) out[k] = k < cnt ? tt_ft<DT>::ld(p[e + k]) : (C)0;
-  }
-}
-
-/* The same chunk unconverted: one 16-byte register pack, zeros past cnt.
- * A kernel that keeps a row in registers between two passes keeps these
- * and converts twice: for 16-bit types that is half the registers of the
- * converted values, and tt_unpack gives exactly what tt_ld_chunk would. */
+/* Elements [e, e + cnt) of p (cnt <= V) unconverted: one 16-byte register
+ * pack, zeros past cnt. A kernel that keeps a row in registers between two
+ * passes keeps these and converts twice (tt_unpack): for 16-bit types that
+ * is half the registers of the converted values. */
 template <int DT>
 __device__ __forceinline__ tt_pack<typename tt_ft<DT>::S> tt_ld_raw(const typename tt_ft<DT>::S *p, int64_t e,
                                                                     int64_t cnt, bool vec) {
@@ -125,6 +108,14 @@ __device__ __forceinline__ void tt_unpack(const tt_pack<typename tt_ft<DT>::S> &
   for (int k = 0; k < (int)(16 / sizeof(typename tt_ft<DT>::S)); k++) out[k] = tt_ft<DT>::ld(pk.v[k]);
 }
 
+/* The chunk converted; lanes past cnt get 0. */
+template <int DT>
+__device__ __forceinline__ void tt_ld_chunk(const typename tt_ft<DT>::S *p, int64_t e, int64_t cnt, bool vec,
+                                            typename tt_ft<DT>::C *out) {
+  tt_unpack<DT>(tt_ld_raw<DT>(p, e, cnt, vec), out);
+}
+
+/* A pack stored back: elements [e, e + cnt) only. */
 template <int DT>
 __device__ __forceinline__ void tt_st_raw(typename tt_ft<DT>::S *p, int64_t e, int64_t cnt, bool vec,
                                           const tt_pack<typename tt_ft<DT>::S> &pk) {
@@ -137,21 +128,14 @@ __device__ __forceinline__ void tt_st_raw(typename tt_ft<DT>::S *p, int64_t e, i
   }
 }
 
+/* Values converted to the storage type and stored: elements [e, e + cnt). */
 template <int DT>
 __device__ __forceinline__ void tt_st_chunk(typename tt_ft<DT>::S *p, int64_t e, int64_t cnt, bool vec,
                                             const typename tt_ft<DT>::C *in) {
-  typedef typename tt_ft<DT>::S S;
-  constexpr int V = 16 / sizeof(S);
-  if (vec && cnt == V) {
-    tt_pack<S> pk;
+  tt_pack<typename tt_ft<DT>::S> pk;
 #pragma unroll
-    for (int k = 0; k < V; k++) pk.v[k] = tt_ft<DT>::st(in[k]);
-    *reinterpret_cast<tt_pack<S> *>(p + e) = pk;
-  } else {
-#pragma unroll
-    for (int k = 0; k < V; k++)
-      if (k < cnt) p[e + k] = tt_ft<DT>::st(in[k]);
-  }
+  for (int k = 0; k < (int)(16 / sizeof(typename tt_ft<DT>::S)); k++) pk.v[k] = tt_ft<DT>::st(in[k]);
+  tt_st_raw<DT>(p, e, cnt, vec, pk);
 }
 
 /* ---- arithmetic the compiler may not contract --------------------------- */

@@ -10,7 +10,9 @@
 local titan = require("titan")
 local ffi, C = titan.ffi, titan.C
 
--- An H200 (sm_90, 132 SMs), as cuDNN's device properties describe one.
+-- An H200 (sm_90, 132 SMs, 141 GB) in cuDNN's device-properties JSON, written
+-- by hand from the card's published figures (no H200 was at hand to serialize
+-- its own); heuristics read the SM version, counts and memory sizes.
 local H200 = [[{"deviceVer":900,"driverVer":13000,"multiProcessorCount":132,"smClockRateKHz":1980000,]]
   .. [["memClockRateKHz":3201000,"l2CacheSize":52428800,"warpSize":32,"maxSharedMemoryPerBlock":49152,]]
   .. [["maxSharedMemoryPerBlockOptin":232448,"reservedSharedMemoryPerBlock":1024,"maxRegistersPerSM":65536,]]

@@ -2,13 +2,7 @@
 local env = require("titan.env")
 local exe = env.build_dir .. "/titan"
 
-local function run(cmd)
-  local p = io.popen(cmd .. " 2>&1; echo \"rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("rc=(%d+)%s*$"))
-  return out:gsub("rc=%d+%s*$", ""), rc
-end
+local run = dofile("tests/lua/shell.lua").run
 
 describe("titan executable", function()
   it("-e runs code with the library", function()

@@ -709,12 +709,7 @@ describe("titan.data", function()
 
     it("runs as `titan data` with --help, inspect and exit codes", function()
       local exe = env.build_dir .. "/titan"
-      local function run(cmd)
-        local p = io.popen(cmd .. " 2>&1; echo \"rc=$?\"")
-        local out = p:read("*a")
-        p:close()
-        return out:gsub("rc=%d+%s*$", ""), tonumber(out:match("rc=(%d+)%s*$"))
-      end
+      local run = dofile("tests/lua/shell.lua").run
       local out, rc = run(exe .. " data --help")
       assert.are.equal(0, rc)
       assert.truthy(out:find("titan data prepare --tokenizer FILE --out FILE.bin", 1, true), out)

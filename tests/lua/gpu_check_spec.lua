@@ -4,15 +4,8 @@
 -- its functions run without its main step).
 local script = "scripts/gpu_check.sh"
 
-local function sh(cmd)
-  local p = io.popen(cmd .. " 2>&1; echo \"rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("rc=(%d+)%s*$"))
-  return (out:gsub("rc=%d+%s*$", "")), rc
-end
-
-local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local shell = dofile("tests/lua/shell.lua")
+local sh, q = shell.run, shell.quote
 
 describe("gpu_check.sh", function()
   it("--dry-run executes nothing, exits 0 and lists every step with its timeout and log", function()

@@ -35,13 +35,13 @@ local function tmpdir()
   return d
 end
 
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local shell = dofile("tests/lua/shell.lua")
+local sh_quote = shell.quote
 
+-- rc first, as this spec reads it
 local function run(cmd)
-  local p = assert(io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\""))
-  local out = p:read("*a")
-  p:close()
-  return tonumber(out:match("__rc=(%d+)%s*$")), (out:gsub("__rc=%d+%s*$", ""))
+  local out, rc = shell.run(cmd)
+  return rc, out
 end
 
 local function flat(t) return table.concat(t:tolist_flat(), ",") end

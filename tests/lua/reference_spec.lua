@@ -30,15 +30,13 @@ local OPTIM = { lr = 1e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1
 
 -- ---- processes and files ---------------------------------------------------
 
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local shell = dofile("tests/lua/shell.lua")
+local sh_quote = shell.quote
 
 -- Run a shell command; returns its exit status and its stdout + stderr.
 local function run(cmd)
-  local p = assert(io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\""))
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-  return rc, (out:gsub("__rc=%d+%s*$", ""))
+  local out, rc = shell.run(cmd)
+  return rc, out
 end
 
 local function write_file(path, data)

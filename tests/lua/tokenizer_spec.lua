@@ -29,13 +29,7 @@ os.remove(tmpdir)
 os.execute("mkdir -p '" .. tmpdir .. "'")
 local function tmp(name) return tmpdir .. "/" .. name end
 
-local function run(cmd)
-  local p = io.popen(cmd .. " 2>&1; echo \"rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("rc=(%d+)%s*$"))
-  return (out:gsub("rc=%d+%s*$", "")), rc
-end
+local run = dofile("tests/lua/shell.lua").run
 
 local function err_of(fn)
   local ok, err = pcall(fn)
