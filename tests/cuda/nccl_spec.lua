@@ -24,6 +24,28 @@ describe("nccl at world 1", function()
     g:free()
   end)
 
+  -- The collectives run on the communication stream: each must wait for
+  -- the compute work queued before it (its input is computed right before)
+  -- and the compute stream for it (its input is overwritten right after,
+  -- its output read). On cuemu with TITAN_CUEMU_STREAMS=deferred a missing
+  -- fence either way shows here.
+  it("orders each collective between the compute work before and after it", function()
+    local g = dist.new_group({ backend = "nccl", rank = 0, world = 1, unique_id = dist.unique_id(), device = 0 })
+    local x = titan.tensor({ 1, 2, 3, 4 }):to("cuda")
+    local ops = {
+      all_gather = function(y) return g:all_gather(y) end,
+      reduce_scatter = function(y) return g:reduce_scatter(y, "sum") end,
+      all_to_all = function(y) return g:all_to_all(y) end,
+    }
+    for _, name in ipairs({ "all_gather", "reduce_scatter", "all_to_all" }) do
+      local y = x * 2
+      local out = ops[name](y)
+      y:fill_(-1)
+      assert.are.same({ 2, 4, 6, 8 }, out:to("cpu"):tolist(), name)
+    end
+    g:free()
+  end)
+
   it("refuses host tensors with one line", function()
     local g = dist.new_group({ backend = "nccl", rank = 0, world = 1, unique_id = dist.unique_id(), device = 0 })
     local ok, err = pcall(function() g:all_reduce(titan.ones(2)) end)

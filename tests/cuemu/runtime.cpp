@@ -5,7 +5,9 @@
  *
  * Execution. Work is done when it is enqueued, in the order enqueued: a
  * stream is an ordering the host already gives, an event is complete when
- * recorded. A kernel runs its blocks one after another; the threads of a
+ * recorded. With TITAN_CUEMU_STREAMS=deferred each stream queues its work
+ * instead and runs it when the host needs it done (emu_deferred). A kernel
+ * runs its blocks one after another; the threads of a
  * block are fibers of the calling host thread, switched at __syncthreads,
  * at warp shuffles and when they return (cuemu_device.h). One kernel runs
  * at a time in the process.
@@ -27,8 +29,8 @@
  *     cudaErrorStreamCaptureUnsupported and invalidates the capture, whose
  *     end then reports cudaErrorStreamCaptureInvalidated, as CUDA does.
  *
- * Not emulated: timing and concurrency between streams (so a missing event
- * wait goes unseen), data races between the threads of a kernel (fibers
+ * Not emulated: timing and streams' work truly overlapping (deferred
+ * streams show a missing event wait through the orders they take), data races between the threads of a kernel (fibers
  * switch only at barriers; TITAN_CUEMU_ORDER=reverse runs them the other
  * way round, which shows a missing barrier), the device's exact math
  * library (expf, logf).
@@ -44,8 +46,11 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -171,14 +176,18 @@ static void emu_to_scheduler(emu_block_runner *r, emu_fiber *f) {
  * thread reading what another wrote with no barrier between them sees the
  * write in one order and not in the other, so a spec that passes both ways
  * has no such race that it exercises; the hardware gives no order at all. */
+/* A two-valued setting: false for `off` (or unset), true for `on`; any
+ * other value stops the process with one line and exit 2. */
+static bool emu_env_switch(const char *name, const char *off, const char *on) {
+  const char *o = getenv(name);
+  if (!o || !*o || !strcmp(o, off)) return false;
+  if (!strcmp(o, on)) return true;
+  fprintf(stderr, "cuemu: %s=%s (expected %s or %s)\n", name, o, off, on);
+  exit(2);
+}
+
 static bool emu_reverse(void) {
-  static const bool rev = [] {
-    const char *o = getenv("TITAN_CUEMU_ORDER");
-    if (!o || !*o || !strcmp(o, "forward")) return false;
-    if (!strcmp(o, "reverse")) return true;
-    fprintf(stderr, "cuemu: TITAN_CUEMU_ORDER=%s (expected forward or reverse)\n", o);
-    exit(2);
-  }();
+  static const bool rev = emu_env_switch("TITAN_CUEMU_ORDER", "forward", "reverse");
   return rev;
 }
 
@@ -599,8 +608,31 @@ struct CUgraphExec_st {
   std::vector<emu_node> nodes;
 };
 
+/* How far a stream's queue has run; events and waits hold it, so they
+ * outlive the stream (which drains its queue before it goes). */
+struct emu_progress {
+  uint64_t done = 0;
+  bool gone = false;
+};
+
+/* An item of a stream's queue (TITAN_CUEMU_STREAMS=deferred): work, or a
+ * cudaStreamWaitEvent, which runs the other stream up to the event first. */
+struct emu_item {
+  std::function<void()> fn;
+  const char *what;
+  CUstream_st *wait_on;
+  std::shared_ptr<emu_progress> wait_progress;
+  uint64_t wait_seq;
+};
+
 struct CUstream_st {
   int device;
+  bool blocking; /* created without cudaStreamNonBlocking: orders with the legacy stream */
+  uint64_t id;   /* creation order */
+  /* deferred execution: enqueued counts every item ever queued (its seq) */
+  std::deque<emu_item> queue;
+  uint64_t enqueued = 0;
+  std::shared_ptr<emu_progress> progress = std::make_shared<emu_progress>();
   /* capture */
   bool capturing = false;
   bool invalid = false;
@@ -612,6 +644,10 @@ struct CUstream_st {
 
 struct CUevent_st {
   CUstream_st *captured_in = NULL; /* last recorded while that stream captured */
+  /* the last record outside a capture: complete once progress->done >= seq */
+  CUstream_st *stream = NULL;
+  std::shared_ptr<emu_progress> progress;
+  uint64_t seq = 0;
 };
 
 static std::mutex emu_stream_lock;
@@ -639,7 +675,82 @@ static bool emu_unsafe_forbidden(void) {
 
 static bool emu_capturing(CUstream_st *s) { return s && s->capturing; }
 
-/* Runs `fn` now, or records it into the capture of stream s. */
+/* TITAN_CUEMU_STREAMS: "inline" (the default) runs work when it is
+ * enqueued; "deferred" queues it on its stream and runs it only when the
+ * host needs it done: a wait on the stream, one of its events or the
+ * device, an event query, a copy to pageable memory, the legacy stream,
+ * cudaFree. Each is an order the GPU may take; with TITAN_CUEMU_ORDER they
+ * turn a missing event wait into wrong data:
+ *   forward: the host's wait runs only what it needs: the stream up to that
+ *     point and, through its event waits, the other streams' work before
+ *     those events. Everything else stays queued, so a stream that reads,
+ *     without waiting, what the waited-for stream was to write first reads
+ *     it before the write (or never, before the next wait).
+ *   reverse: the host's wait first runs every other stream's queued work
+ *     (newest stream first), then the stream waited for. A stream that
+ *     reads, without waiting, what the waited-for stream writes reads it
+ *     first; a write on another stream that should have waited for the
+ *     waited-for stream's read of the old data lands before that read.
+ * (An event wait in a queue still runs the other stream up to the event
+ * first: only orders the program left open change.) */
+static bool emu_deferred(void) {
+  static const bool d = emu_env_switch("TITAN_CUEMU_STREAMS", "inline", "deferred");
+  return d;
+}
+
+static uint64_t emu_stream_ids = 0;
+
+/* Runs stream s's queue up to item `upto`, an event wait first running the
+ * other stream up to the event (emu_device_lock held). An item leaves the
+ * queue before it runs, and waits point only at earlier work: no cycles. */
+static void emu_run_to(CUstream_st *s, uint64_t upto) {
+  while (s->progress->done < upto && !s->queue.empty()) {
+    emu_item it = std::move(s->queue.front());
+    s->queue.pop_front();
+    if (it.wait_on) {
+      if (!it.wait_progress->gone && it.wait_progress->done < it.wait_seq) emu_run_to(it.wait_on, it.wait_seq);
+    } else {
+      it.fn();
+    }
+    s->progress->done++;
+  }
+}
+
+/* The streams with queued work (of `device`, or all when it is -1; only
+ * the blocking ones when `blocking_only`), in creation order, newest first
+ * with TITAN_CUEMU_ORDER=reverse. */
+static std::vector<CUstream_st *> emu_busy_streams(int device, bool blocking_only) {
+  std::vector<CUstream_st *> v;
+  {
+    std::lock_guard<std::mutex> guard(emu_stream_lock);
+    for (CUstream_st *o : emu_streams)
+      if ((device < 0 || o->device == device) && (!blocking_only || o->blocking) && !o->queue.empty()) v.push_back(o);
+  }
+  std::sort(v.begin(), v.end(),
+            [](const CUstream_st *a, const CUstream_st *b) { return emu_reverse() ? a->id > b->id : a->id < b->id; });
+  return v;
+}
+
+/* Runs those streams to their ends (emu_device_lock held). */
+static void emu_drain_all(int device, bool blocking_only) {
+  for (CUstream_st *o : emu_busy_streams(device, blocking_only)) emu_run_to(o, o->enqueued);
+}
+
+/* The host needs stream s's work up to item `upto` done. */
+static void emu_drain(CUstream_st *s, uint64_t upto) {
+  if (s->progress->done >= upto || s->queue.empty()) return;
+  if (emu_reverse())
+    for (CUstream_st *o : emu_busy_streams(-1, false))
+      if (o != s) emu_run_to(o, o->enqueued);
+  emu_run_to(s, upto);
+}
+
+static bool emu_event_pending(const CUevent_st *e) {
+  return e->progress && !e->progress->gone && e->progress->done < e->seq;
+}
+
+/* Runs `fn` now (inline, or on the legacy stream), queues it on stream s
+ * (deferred), or records it into the capture of stream s. */
 cudaError_t tt_emu_enqueue(cudaStream_t s, const char *what, std::function<void()> fn) {
   CUstream_st *st = emu_stream(s);
   if (emu_capturing(st)) {
@@ -657,7 +768,20 @@ cudaError_t tt_emu_enqueue(cudaStream_t s, const char *what, std::function<void(
       }
   }
   std::lock_guard<std::recursive_mutex> guard(emu_device_lock);
-  fn();
+  if (!st) {
+    /* the legacy stream waits for the blocking streams, never for
+     * cudaStreamNonBlocking ones, and the host's synchronous calls use it */
+    if (emu_deferred()) emu_drain_all(-1, true);
+    fn();
+    return cudaSuccess;
+  }
+  st->enqueued++;
+  if (emu_deferred()) {
+    st->queue.push_back(emu_item{std::move(fn), what, NULL, NULL, 0});
+  } else {
+    fn();
+    st->progress->done++;
+  }
   return cudaSuccess;
 }
 
@@ -678,10 +802,11 @@ void tt_emu_submit(const char *name, dim3 grid, dim3 block, size_t smem, cudaStr
 }
 
 extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
-  (void)flags;
   CUstream_st *st = new CUstream_st();
   st->device = emu_cur_dev;
+  st->blocking = !(flags & cudaStreamNonBlocking);
   std::lock_guard<std::mutex> guard(emu_stream_lock);
+  st->id = emu_stream_ids++;
   emu_streams.insert(st);
   *s = st;
   return cudaSuccess;
@@ -689,7 +814,12 @@ extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int f
 
 extern "C" cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
 
+/* The stream's queued work still runs (CUDA finishes it too). */
 extern "C" cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (!s) return emu_err(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::recursive_mutex> run(emu_device_lock);
+  emu_run_to(s, s->enqueued);
+  s->progress->gone = true;
   std::lock_guard<std::mutex> guard(emu_stream_lock);
   emu_streams.erase(s);
   delete s;
@@ -703,17 +833,24 @@ extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     return emu_err(cudaErrorStreamCaptureUnsupported);
   }
   if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
+  std::lock_guard<std::recursive_mutex> run(emu_device_lock);
+  if (st) emu_drain(st, st->enqueued);
+  else if (emu_deferred()) emu_drain_all(-1, true);
   return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaDeviceSynchronize(void) {
   if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
-  std::lock_guard<std::mutex> guard(emu_stream_lock);
-  for (CUstream_st *s : emu_streams)
-    if (s->capturing) {
-      s->origin->invalid = true;
-      return emu_err(cudaErrorStreamCaptureUnsupported);
-    }
+  {
+    std::lock_guard<std::mutex> guard(emu_stream_lock);
+    for (CUstream_st *s : emu_streams)
+      if (s->capturing) {
+        s->origin->invalid = true;
+        return emu_err(cudaErrorStreamCaptureUnsupported);
+      }
+  }
+  std::lock_guard<std::recursive_mutex> run(emu_device_lock);
+  emu_drain_all(emu_cur_dev, false);
   return cudaSuccess;
 }
 
@@ -791,9 +928,12 @@ extern "C" cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
     for (const emu_node &n : exec->nodes) st->origin->graph->nodes.push_back(n);
     return cudaSuccess;
   }
-  std::lock_guard<std::recursive_mutex> guard(emu_device_lock);
-  for (const emu_node &n : exec->nodes) n.run();
-  return cudaSuccess;
+  /* one item: the nodes as they are now (an exec may be destroyed while
+   * its launch is still queued, as CUDA allows) */
+  std::vector<emu_node> nodes = exec->nodes;
+  return tt_emu_enqueue(s, "cudaGraphLaunch", [nodes]() {
+    for (const emu_node &n : nodes) n.run();
+  });
 }
 
 extern "C" cudaError_t cudaGraphDestroy(cudaGraph_t g) {
@@ -823,19 +963,38 @@ extern "C" cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (!e) return emu_err(cudaErrorInvalidResourceHandle);
   CUstream_st *st = emu_stream(s);
   e->captured_in = emu_capturing(st) ? st->origin : NULL;
+  std::lock_guard<std::recursive_mutex> run(emu_device_lock);
+  if (e->captured_in || !st) {
+    /* in a capture: the graph's order; on the legacy stream: its work ran */
+    e->stream = NULL;
+    e->progress.reset();
+    e->seq = 0;
+  } else {
+    e->stream = st;
+    e->progress = st->progress;
+    e->seq = st->enqueued;
+  }
   return cudaSuccess;
 }
 
+/* Not ready while the event's work is queued; the query then runs it, so a
+ * host that polls sees it complete, as it would on the GPU. cudaErrorNotReady
+ * is not an error (cudaGetLastError does not keep it). */
 extern "C" cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (!e) return emu_err(cudaErrorInvalidResourceHandle);
   if (e->captured_in) return emu_err(cudaErrorCapturedEvent);
-  return cudaSuccess;
+  std::lock_guard<std::recursive_mutex> run(emu_device_lock);
+  if (!emu_event_pending(e)) return cudaSuccess;
+  emu_drain(e->stream, e->seq);
+  return cudaErrorNotReady;
 }
 
 extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (!e) return emu_err(cudaErrorInvalidResourceHandle);
   if (e->captured_in) return emu_err(cudaErrorCapturedEvent);
   if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
+  std::lock_guard<std::recursive_mutex> run(emu_device_lock);
+  if (emu_event_pending(e)) emu_drain(e->stream, e->seq);
   return cudaSuccess;
 }
 
@@ -860,6 +1019,16 @@ extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsign
     st->origin->invalid = true;
     return emu_err(cudaErrorStreamCaptureIsolation);
   }
+  std::lock_guard<std::recursive_mutex> run(emu_device_lock);
+  if (!emu_event_pending(e)) return cudaSuccess;
+  if (!st) {
+    emu_drain(e->stream, e->seq); /* the legacy stream runs its work at once */
+    return cudaSuccess;
+  }
+  /* the wait takes the event's state now: a later record does not move it */
+  st->enqueued++;
+  st->queue.push_back(
+      emu_item{std::function<void()>(), "cudaStreamWaitEvent", e->stream, e->progress, e->seq});
   return cudaSuccess;
 }
 
@@ -890,9 +1059,17 @@ extern "C" cudaError_t cudaMalloc(void **p, size_t n) {
   return cudaSuccess;
 }
 
+/* Frees wait for the device (queued work may still use the block). */
+static void emu_free_sync(void) {
+  if (!emu_deferred()) return;
+  std::lock_guard<std::recursive_mutex> run(emu_device_lock);
+  emu_drain_all(-1, false);
+}
+
 extern "C" cudaError_t cudaFree(void *p) {
   if (!p) return cudaSuccess;
   if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
+  emu_free_sync();
   std::lock_guard<std::mutex> guard(emu_mem_lock);
   auto it = emu_dev_blocks.find((uintptr_t)p);
   if (it == emu_dev_blocks.end()) emu_die("cudaFree(%p): not the start of a device block", p);
@@ -919,6 +1096,7 @@ extern "C" cudaError_t cudaMallocHost(void **p, size_t n) { return cudaHostAlloc
 extern "C" cudaError_t cudaFreeHost(void *p) {
   if (!p) return cudaSuccess;
   if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
+  emu_free_sync();
   std::lock_guard<std::mutex> guard(emu_mem_lock);
   auto it = emu_pinned.find((uintptr_t)p);
   if (it == emu_pinned.end()) emu_die("cudaFreeHost(%p): not a pinned block", p);
@@ -936,34 +1114,40 @@ extern "C" cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total) {
 
 /* ---- copies ------------------------------------------------------------------- */
 
-static cudaError_t emu_check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, bool *pageable) {
+/* *src_pageable / *dst_pageable: that side is host memory that is not pinned. */
+static cudaError_t emu_check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, bool *src_pageable,
+                                  bool *dst_pageable) {
   int dd = -1, sd = -1;
   int dk = tt_emu_classify(dst, n, &dd), sk = tt_emu_classify(src, n, &sd);
-  *pageable = false;
+  *src_pageable = sk < 0;
+  *dst_pageable = dk < 0;
   switch (kind) {
     case cudaMemcpyHostToDevice:
       if (dk != 0 || sk == 0) return cudaErrorInvalidValue;
-      *pageable = sk < 0;
       break;
     case cudaMemcpyDeviceToHost:
       if (sk != 0 || dk == 0) return cudaErrorInvalidValue;
-      *pageable = dk < 0;
       break;
     case cudaMemcpyDeviceToDevice:
       if (sk != 0 || dk != 0) return cudaErrorInvalidValue;
       break;
-    case cudaMemcpyHostToHost: *pageable = dk < 0 || sk < 0; break;
-    case cudaMemcpyDefault: *pageable = (dk < 0 || sk < 0); break;
+    case cudaMemcpyHostToHost: break;
+    case cudaMemcpyDefault: break;
     default: return cudaErrorInvalidMemcpyDirection;
   }
   return cudaSuccess;
 }
 
+/* With pageable host memory a copy is synchronous for the host as far as
+ * that memory goes (CUDA's "API synchronization behavior"): a pageable
+ * source is staged before the call returns, so the caller may reuse it; a
+ * pageable destination holds the data when the call returns. Pinned memory
+ * is read and written when the copy runs. */
 extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
                                        cudaStream_t s) {
   if (n == 0) return cudaSuccess;
-  bool pageable;
-  cudaError_t e = emu_check_copy(dst, src, n, kind, &pageable);
+  bool src_pageable, dst_pageable;
+  cudaError_t e = emu_check_copy(dst, src, n, kind, &src_pageable, &dst_pageable);
   if (e != cudaSuccess) {
     if (emu_env_int("TITAN_CUEMU_VERBOSE", 0))
       fprintf(stderr, "cuemu: cudaMemcpyAsync(%p, %p, %zu, kind %d): pointers do not match the kind\n", dst, src, n,
@@ -971,11 +1155,23 @@ extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enu
     return emu_err(e);
   }
   CUstream_st *st = emu_stream(s);
-  if (emu_capturing(st) && pageable) { /* pageable memory cannot be part of a graph */
+  if (emu_capturing(st) && (src_pageable || dst_pageable)) { /* pageable memory cannot be part of a graph */
     st->origin->invalid = true;
     return emu_err(cudaErrorStreamCaptureUnsupported);
   }
-  return tt_emu_enqueue(s, "memcpy", [dst, src, n]() { memmove(dst, src, n); });
+  if (!emu_deferred() || !st || emu_capturing(st))
+    return tt_emu_enqueue(s, "memcpy", [dst, src, n]() { memmove(dst, src, n); });
+  if (src_pageable) {
+    auto staged = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
+    e = tt_emu_enqueue(s, "memcpy", [dst, staged, n]() { memmove(dst, staged->data(), n); });
+  } else {
+    e = tt_emu_enqueue(s, "memcpy", [dst, src, n]() { memmove(dst, src, n); });
+  }
+  if (e == cudaSuccess && dst_pageable) {
+    std::lock_guard<std::recursive_mutex> run(emu_device_lock);
+    emu_drain(st, st->enqueued);
+  }
+  return e;
 }
 
 extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind) {
