@@ -47,6 +47,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <map>
@@ -79,6 +80,29 @@ void tt_emu_die(const char *fmt, ...) {
 static int emu_env_int(const char *name, int dflt) {
   const char *v = getenv(name);
   return v && *v ? atoi(v) : dflt;
+}
+
+/* ---- counters (tt_emu_counts_get) ------------------------------------------ */
+
+/* What the host asked of the device: a spec reads them around a training
+ * step to check it makes no host wait, allocation or free it should not. */
+struct tt_emu_counts {
+  uint64_t syncs;       /* cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize */
+  uint64_t sync_copies; /* copies the host waits for: cudaMemcpy/cudaMemset, cudaMemcpyAsync to pageable memory */
+  uint64_t mallocs, frees, host_allocs, host_frees;
+  uint64_t kernels;
+};
+static std::atomic<uint64_t> emu_n_syncs{0}, emu_n_sync_copies{0}, emu_n_mallocs{0}, emu_n_frees{0},
+    emu_n_host_allocs{0}, emu_n_host_frees{0}, emu_n_kernels{0};
+
+extern "C" void tt_emu_counts_get(tt_emu_counts *out) {
+  out->syncs = emu_n_syncs.load();
+  out->sync_copies = emu_n_sync_copies.load();
+  out->mallocs = emu_n_mallocs.load();
+  out->frees = emu_n_frees.load();
+  out->host_allocs = emu_n_host_allocs.load();
+  out->host_frees = emu_n_host_frees.load();
+  out->kernels = emu_n_kernels.load();
 }
 
 /* ---- fibers --------------------------------------------------------------- */
@@ -787,6 +811,7 @@ cudaError_t tt_emu_enqueue(cudaStream_t s, const char *what, std::function<void(
 
 void tt_emu_submit(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                    std::function<void()> body) {
+  emu_n_kernels++;
   const unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
   if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
       grid.y > 65535 || grid.z > 65535 || smem > (48u << 10)) {
@@ -827,6 +852,7 @@ extern "C" cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 
 extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  emu_n_syncs++;
   CUstream_st *st = emu_stream(s);
   if (emu_capturing(st)) {
     st->origin->invalid = true;
@@ -840,6 +866,7 @@ extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 }
 
 extern "C" cudaError_t cudaDeviceSynchronize(void) {
+  emu_n_syncs++;
   if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
   {
     std::lock_guard<std::mutex> guard(emu_stream_lock);
@@ -990,6 +1017,7 @@ extern "C" cudaError_t cudaEventQuery(cudaEvent_t e) {
 }
 
 extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  emu_n_syncs++;
   if (!e) return emu_err(cudaErrorInvalidResourceHandle);
   if (e->captured_in) return emu_err(cudaErrorCapturedEvent);
   if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
@@ -1035,6 +1063,7 @@ extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsign
 /* ---- allocation ------------------------------------------------------------- */
 
 extern "C" cudaError_t cudaMalloc(void **p, size_t n) {
+  emu_n_mallocs++;
   *p = NULL;
   if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
   const int d = emu_cur_dev;
@@ -1067,6 +1096,7 @@ static void emu_free_sync(void) {
 }
 
 extern "C" cudaError_t cudaFree(void *p) {
+  if (p) emu_n_frees++;
   if (!p) return cudaSuccess;
   if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
   emu_free_sync();
@@ -1080,6 +1110,7 @@ extern "C" cudaError_t cudaFree(void *p) {
 }
 
 extern "C" cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags) {
+  emu_n_host_allocs++;
   (void)flags;
   *p = NULL;
   if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
@@ -1094,6 +1125,7 @@ extern "C" cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags) {
 extern "C" cudaError_t cudaMallocHost(void **p, size_t n) { return cudaHostAlloc(p, n, 0); }
 
 extern "C" cudaError_t cudaFreeHost(void *p) {
+  if (p) emu_n_host_frees++;
   if (!p) return cudaSuccess;
   if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
   emu_free_sync();
@@ -1155,6 +1187,7 @@ extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enu
     return emu_err(e);
   }
   CUstream_st *st = emu_stream(s);
+  if (dst_pageable && st) emu_n_sync_copies++;
   if (emu_capturing(st) && (src_pageable || dst_pageable)) { /* pageable memory cannot be part of a graph */
     st->origin->invalid = true;
     return emu_err(cudaErrorStreamCaptureUnsupported);
@@ -1175,6 +1208,7 @@ extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enu
 }
 
 extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind) {
+  emu_n_sync_copies++;
   if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
   return cudaMemcpyAsync(dst, src, n, kind, NULL);
 }
@@ -1187,6 +1221,7 @@ extern "C" cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s)
 }
 
 extern "C" cudaError_t cudaMemset(void *p, int v, size_t n) {
+  emu_n_sync_copies++;
   if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
   return cudaMemsetAsync(p, v, n, NULL);
 }

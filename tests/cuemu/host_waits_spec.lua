@@ -1,0 +1,120 @@
+-- What a training step on a GPU asks of the host, counted by cuemu
+-- (tests/cuemu/README.md): host waits for the device, device allocations
+-- and frees, kernel launches. A GPU runs ahead of the host only as long as
+-- the host does not wait for it, so in the steady state an eager step of the
+-- trainer waits once (its loss, read back at the step's end), allocates and
+-- frees no device memory (the caching allocator serves every tensor), and a
+-- step replayed from CUDA graphs also launches no kernel of its own. A step
+-- that logs reads its gradient norm too. Counts, never times. Exits 77
+-- (skipped) anywhere but on cuemu.
+local ffi = require("ffi")
+pcall(ffi.cdef, [[
+struct tt_emu_counts {
+  uint64_t syncs, sync_copies, mallocs, frees, host_allocs, host_frees, kernels;
+};
+void tt_emu_counts_get(struct tt_emu_counts *out);
+]])
+if not pcall(function() return ffi.C.tt_emu_counts_get end) then
+  io.stderr:write("not on cuemu (no tt_emu_counts_get): skipped\n")
+  os.exit(77)
+end
+
+local titan = require("titan")
+local config = require("titan.config")
+local trainer = require("titan.trainer")
+
+local function counts()
+  local c = ffi.new("struct tt_emu_counts")
+  ffi.C.tt_emu_counts_get(c)
+  local t = {}
+  for _, k in ipairs({ "syncs", "sync_copies", "mallocs", "frees", "host_allocs", "host_frees", "kernels" }) do
+    t[k] = tonumber(c[k])
+  end
+  return t
+end
+
+local function delta(a, b)
+  local d = {}
+  for k, v in pairs(b) do d[k] = v - a[k] end
+  return d
+end
+
+-- A trainer on the debug model at a small size; log_freq far away, so only
+-- the last step of each train() call logs (trainer.lua logs step == last).
+local function new_trainer(extra)
+  local recipe = config.load_recipe("llama3_debugmodel")
+  local argv = { "--job.dump_folder=" .. os.tmpname() .. ".d", "--metrics.enable_jsonl=false",
+    "--metrics.peak_flops=1e15", "--metrics.log_freq=1000", "--validation.enable=false",
+    "--training.device=cuda", "--training.seq_len=32", "--training.local_batch_size=2",
+    "--training.global_batch_tokens=64", "--lr_scheduler.warmup_steps=2", "--training.steps=100" }
+  for _, a in ipairs(extra) do argv[#argv + 1] = a end
+  local lines = {}
+  local tr = trainer.new(config.resolve(recipe, argv), { print = function(l) lines[#lines + 1] = l end })
+  return tr, lines
+end
+
+local function close(tr)
+  tr:close()
+  for _, p in ipairs(tr.model:parameters()) do p:free() end
+end
+
+-- Steps from..to-1 then `to` (which logs): the counts of the unlogged
+-- steps, per step, and of the logged one.
+local function measure(tr, warm, n)
+  tr:train(warm)
+  local c0 = counts()
+  tr:train(warm + n)
+  local c1 = counts()
+  tr:train(warm + n + 1)
+  local c2 = counts()
+  local plain = delta(c0, c1) -- n steps, the last of them logged
+  local logged = delta(c1, c2) -- one logged step
+  local per = {}
+  for k, v in pairs(plain) do
+    local rest = (v - logged[k]) / (n - 1) -- the n - 1 unlogged steps
+    per[k] = rest
+  end
+  return per, logged
+end
+
+local function show(what, per, logged)
+  io.stderr:write(("\n  %s: per unlogged step %s; a logged step %s\n"):format(what,
+    require("cjson").encode(per), require("cjson").encode(logged)))
+end
+
+describe("a training step's host traffic on a GPU (cuemu's counts)", function()
+  for _, case in ipairs({ { "f32", {} }, { "bf16 params + f32 master", { "--training.mixed_precision_param=bfloat16" } } }) do
+  it("eager, " .. case[1] .. ": one wait (the loss), no device allocation or free", function()
+    local tr = new_trainer(case[2])
+    local per, logged = measure(tr, 3, 3)
+    show("eager " .. case[1], per, logged)
+    close(tr)
+    assert.are.equal(1, per.syncs, "host synchronizations per step")
+    assert.are.equal(1, per.sync_copies, "copies the host waits for per step (the loss)")
+    assert.are.equal(0, per.mallocs, "cudaMalloc per step")
+    assert.are.equal(0, per.frees, "cudaFree per step")
+    assert.are.equal(0, per.host_allocs + per.host_frees, "pinned allocations per step")
+    assert.truthy(per.kernels > 50, "an eager step launches its kernels")
+    -- logging adds the gradient norm's read-back, nothing else
+    assert.are.equal(2, logged.syncs, "host synchronizations of a logged step")
+    assert.are.equal(2, logged.sync_copies, "copies the host waits for in a logged step (loss, norm)")
+    assert.are.equal(0, logged.mallocs + logged.frees, "allocations or frees of a logged step")
+  end)
+  end
+
+  it("with training.cuda_graphs: one wait, no allocation, no kernel launched by the host", function()
+    local tr, lines = new_trainer({ "--training.cuda_graphs=true" })
+    local per, logged = measure(tr, 3, 3)
+    show("cuda graphs", per, logged)
+    local log = table.concat(lines, "\n")
+    close(tr)
+    assert.truthy(log:find("captured forward + backward", 1, true), log)
+    assert.truthy(log:find("captured the update of", 1, true), log)
+    assert.are.equal(1, per.syncs, "host synchronizations per step")
+    assert.are.equal(1, per.sync_copies, "copies the host waits for per step (the loss)")
+    assert.are.equal(0, per.mallocs + per.frees + per.host_allocs + per.host_frees, "allocations or frees per step")
+    assert.are.equal(0, per.kernels, "kernels launched outside the graphs")
+    assert.are.equal(2, logged.syncs, "host synchronizations of a logged step")
+    assert.are.equal(0, logged.mallocs + logged.frees, "allocations or frees of a logged step")
+  end)
+end)
