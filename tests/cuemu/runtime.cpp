@@ -21,7 +21,8 @@
  *   - memory: device blocks are mapped on their own, ending just before an
  *     inaccessible page, so a kernel or host write past the end of a block
  *     faults; copies must stay inside one block and match their kind
- *     (host->device needs a device destination, ...);
+ *     (host->device needs a device destination, ...); fresh device and
+ *     pinned blocks hold 0xFF bytes, so nothing can rely on zeros there;
  *   - stream capture (CUDA graphs): work on a capturing stream is recorded
  *     with its arguments' values and replayed by cudaGraphLaunch; a call
  *     that would make the host wait for the device, allocate or free while
@@ -1077,6 +1078,9 @@ extern "C" cudaError_t cudaMalloc(void **p, size_t n) {
   if (m == MAP_FAILED) return emu_err(cudaErrorMemoryAllocation);
   mprotect(m + len - page, page, PROT_NONE);
   char *start = m + (len - page) - body;
+  /* fresh memory holds what was there before, never zeros to rely on:
+   * 0xFF bytes, NaN in every float type and -1 in every integer type */
+  memset(start, 0xFF, body);
   emu_block b;
   b.size = n;
   b.device = d;
@@ -1116,6 +1120,7 @@ extern "C" cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags) {
   if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
   void *m = NULL;
   if (posix_memalign(&m, 4096, n ? n : 1) != 0) return emu_err(cudaErrorMemoryAllocation);
+  memset(m, 0xFF, n ? n : 1); /* as device memory: no zeros to rely on */
   std::lock_guard<std::mutex> guard(emu_mem_lock);
   emu_pinned[(uintptr_t)m] = n ? n : 1;
   *p = m;
