@@ -23,6 +23,8 @@
  *     faults; copies must stay inside one block and match their kind
  *     (host->device needs a device destination, ...); fresh device and
  *     pinned blocks hold 0xFF bytes, so nothing can rely on zeros there;
+ *     the kernels are built with UBSan's alignment check (CMakeLists.txt),
+ *     so a misaligned vector access stops where a GPU would fault;
  *   - stream capture (CUDA graphs): work on a capturing stream is recorded
  *     with its arguments' values and replayed by cudaGraphLaunch; a call
  *     that would make the host wait for the device, allocate or free while
