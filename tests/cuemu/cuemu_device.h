@@ -34,6 +34,7 @@
 
 #include <functional>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 /* ---- the running thread ------------------------------------------------ */
@@ -120,6 +121,17 @@ static inline unsigned __float_as_uint(float f) {
 void tt_emu_submit(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                    std::function<void()> body);
 
+/* A kernel's pointer argument must be memory the GPU can reach: device
+ * memory (a block's end included), pinned host memory, or NULL. Dies,
+ * naming the kernel and the argument, on a pointer to other host memory
+ * (which on the GPU is an illegal address). */
+void tt_emu_check_arg(const char *kernel, int index, const void *p);
+
+template <typename T> static inline void tt_emu_check_one(const char *kernel, int index, const T &v) {
+  if constexpr (std::is_pointer<T>::value) tt_emu_check_arg(kernel, index, (const void *)v);
+  else (void)kernel, (void)index, (void)v;
+}
+
 template <typename... P> struct tt_emu_launcher {
   const char *name;
   void (*fn)(P...);
@@ -132,6 +144,10 @@ template <typename... P> struct tt_emu_launcher {
   void operator()(P... args) const {
     void (*f)(P...) = fn;
     std::tuple<typename std::decay<P>::type...> saved(args...);
+    std::apply([this](const auto &...a) {
+      int i = 0;
+      (tt_emu_check_one(name, i++, a), ...);
+    }, saved);
     tt_emu_submit(name, grid, block, smem, stream, [f, saved]() { std::apply(f, saved); });
   }
 };

@@ -24,7 +24,9 @@
  *     (host->device needs a device destination, ...); fresh device and
  *     pinned blocks hold 0xFF bytes, so nothing can rely on zeros there;
  *     the kernels are built with UBSan's alignment check (CMakeLists.txt),
- *     so a misaligned vector access stops where a GPU would fault;
+ *     so a misaligned vector access stops where a GPU would fault; a
+ *     kernel's pointer arguments must be device or pinned memory
+ *     (tt_emu_check_arg);
  *   - stream capture (CUDA graphs): work on a capturing stream is recorded
  *     with its arguments' values and replayed by cudaGraphLaunch; a call
  *     that would make the host wait for the device, allocate or free while
@@ -619,6 +621,24 @@ int tt_emu_classify(const void *p, size_t n, int *device) {
     }
   }
   return -1;
+}
+
+void tt_emu_check_arg(const char *kernel, int index, const void *p) {
+  if (!p) return;
+  const uintptr_t a = (uintptr_t)p;
+  std::lock_guard<std::mutex> guard(emu_mem_lock);
+  auto it = emu_dev_blocks.upper_bound(a);
+  if (it != emu_dev_blocks.begin()) {
+    --it;
+    if (a <= it->first + (it->second.size ? it->second.size : 1)) return; /* in a device block, or at its end */
+  }
+  auto ph = emu_pinned.upper_bound(a);
+  if (ph != emu_pinned.begin()) {
+    --ph;
+    if (a <= ph->first + ph->second) return; /* pinned: mapped for the device (unified addressing) */
+  }
+  emu_die("kernel %s: argument %d is %p, host memory a GPU cannot read (expected device or pinned memory)", kernel,
+          index, p);
 }
 
 /* ---- streams, events, capture -------------------------------------------- */
