@@ -20,7 +20,8 @@ if not pcall(function() return ffi.C.tt_emu_counts_get end) then
   os.exit(77)
 end
 
-local titan = require("titan")
+package.path = "./tests/cuda/?.lua;" .. package.path
+local H = require("helpers")
 local config = require("titan.config")
 local trainer = require("titan.trainer")
 
@@ -56,7 +57,7 @@ end
 
 local function close(tr)
   tr:close()
-  for _, p in ipairs(tr.model:parameters()) do p:free() end
+  H.free_model(tr.model, tr.optimizer)
 end
 
 -- Steps from..to-1 then `to` (which logs): the counts of the unlogged

@@ -652,7 +652,9 @@ struct CUgraph_st {
   std::vector<emu_node> nodes;
 };
 struct CUgraphExec_st {
-  std::vector<emu_node> nodes;
+  /* shared with queued launches: an exec may be destroyed while its launch
+   * is still queued (deferred streams), as CUDA allows */
+  std::shared_ptr<const std::vector<emu_node>> nodes;
 };
 
 /* How far a stream's queue has run; events and waits hold it, so they
@@ -966,7 +968,7 @@ extern "C" cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, 
 extern "C" cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned long long flags) {
   (void)flags;
   CUgraphExec_st *e = new CUgraphExec_st();
-  e->nodes = g->nodes;
+  e->nodes = std::make_shared<const std::vector<emu_node>>(g->nodes);
   *exec = e;
   return cudaSuccess;
 }
@@ -975,14 +977,12 @@ extern "C" cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
   if (!exec) return emu_err(cudaErrorInvalidValue);
   CUstream_st *st = emu_stream(s);
   if (emu_capturing(st)) {
-    for (const emu_node &n : exec->nodes) st->origin->graph->nodes.push_back(n);
+    for (const emu_node &n : *exec->nodes) st->origin->graph->nodes.push_back(n);
     return cudaSuccess;
   }
-  /* one item: the nodes as they are now (an exec may be destroyed while
-   * its launch is still queued, as CUDA allows) */
-  std::vector<emu_node> nodes = exec->nodes;
+  std::shared_ptr<const std::vector<emu_node>> nodes = exec->nodes;
   return tt_emu_enqueue(s, "cudaGraphLaunch", [nodes]() {
-    for (const emu_node &n : nodes) n.run();
+    for (const emu_node &n : *nodes) n.run();
   });
 }
 
@@ -1122,8 +1122,8 @@ static void emu_free_sync(void) {
 }
 
 extern "C" cudaError_t cudaFree(void *p) {
-  if (p) emu_n_frees++;
   if (!p) return cudaSuccess;
+  emu_n_frees++;
   if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
   emu_free_sync();
   std::lock_guard<std::mutex> guard(emu_mem_lock);
@@ -1152,8 +1152,8 @@ extern "C" cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags) {
 extern "C" cudaError_t cudaMallocHost(void **p, size_t n) { return cudaHostAlloc(p, n, 0); }
 
 extern "C" cudaError_t cudaFreeHost(void *p) {
-  if (p) emu_n_host_frees++;
   if (!p) return cudaSuccess;
+  emu_n_host_frees++;
   if (emu_unsafe_forbidden()) return emu_err(cudaErrorStreamCaptureUnsupported);
   emu_free_sync();
   std::lock_guard<std::mutex> guard(emu_mem_lock);
