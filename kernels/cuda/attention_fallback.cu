@@ -57,6 +57,7 @@ struct fb_dims {
   int64_t off;   /* S - T: causal query t sees keys s <= t + off */
   int causal;
 };
+TT_EMU_NO_PTRS(fb_dims)
 
 __device__ __forceinline__ int64_t fb_min(int64_t x, int64_t y) { return x < y ? x : y; }
 

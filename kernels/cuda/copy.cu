@@ -23,6 +23,7 @@ struct tt_copy_layout {
   int64_t src[TT_COPY_MAX_DIMS];
   int64_t dst[TT_COPY_MAX_DIMS];
 };
+TT_EMU_NO_PTRS(tt_copy_layout)
 
 /* Offsets of linear index i (row-major over shape) in src and dst. The
  * unrolled loop keeps the parameter indices static (no local memory). */

@@ -143,6 +143,18 @@ tt_status tt_cuda_adamw_multi(int param_dtype, int grad_dtype, int count, const 
                               double beta1, double beta2, double eps, double weight_decay);
 }
 
+/* cuemu (tests/cuemu), which runs these kernels on the CPU in CI, checks
+ * that every pointer a launch hands a kernel is device or pinned memory. A
+ * struct passed to a kernel by value walks its pointers for it with a
+ * tt_emu_ptrs overload (under #if TITAN_CUEMU), or says it has none here;
+ * one with neither does not compile on cuemu. Nothing on a real build. */
+#if defined(TITAN_CUEMU)
+#define TT_EMU_NO_PTRS(S) \
+  static inline void tt_emu_ptrs(const S &, tt_emu_ptr_visit &) {}
+#else
+#define TT_EMU_NO_PTRS(S)
+#endif
+
 #define TT_CUDA_MAX_DEVICES 16
 #define TT_CUDA_THREADS 256
 

@@ -36,6 +36,7 @@ struct tt_bin_layout {
   int64_t shape[TT_BIN_MAX_DIMS];
   int64_t a[TT_BIN_MAX_DIMS], b[TT_BIN_MAX_DIMS], o[TT_BIN_MAX_DIMS];
 };
+TT_EMU_NO_PTRS(tt_bin_layout)
 
 /* In both binary kernels a, b and out may alias (in-place ops; so no
  * __restrict__): each element is read before it is written, by one thread. */
@@ -333,6 +334,11 @@ struct tt_foreach_args {
   void *x[TT_FOREACH_MAX];
   int64_t n[TT_FOREACH_MAX];
 };
+#if TITAN_CUEMU
+static void tt_emu_ptrs(const tt_foreach_args &a, tt_emu_ptr_visit &visit) {
+  for (int i = 0; i < a.count && i < TT_FOREACH_MAX; i++) visit("x[i]", i, a.x[i]);
+}
+#endif
 
 template <int DT>
 __global__ void tt_foreach_scale_kernel(typename tt_ft<DT>::C alpha, int set, const __grid_constant__ tt_foreach_args a) {

@@ -26,11 +26,13 @@ struct tt_adam_f32 {
   float decay, coeff, b2, c2, bc2_sqrt, eps, neg_step;
   int small;
 };
+TT_EMU_NO_PTRS(tt_adam_f32)
 
 struct tt_adam_f64 {
   double decay, coeff, b2, c2, bc2_sqrt, eps, neg_step;
   int small;
 };
+TT_EMU_NO_PTRS(tt_adam_f64)
 
 #define TT_ADAM_UNIT 4
 
@@ -156,6 +158,15 @@ struct tt_adam_mt_args {
   const float *decay, *pairs;
   const double *grad_scale;
 };
+#if TITAN_CUEMU
+static void tt_emu_ptrs(const tt_adam_mt_args &a, tt_emu_ptr_visit &visit) {
+  for (int i = 0; i < a.count && i < TT_ADAMW_MULTI_MAX; i++) {
+    visit("t[i].param", i, a.t[i].param), visit("t[i].grad", i, a.t[i].grad), visit("t[i].m", i, a.t[i].m);
+    visit("t[i].v", i, a.t[i].v), visit("t[i].master", i, a.t[i].master);
+  }
+  visit("decay", -1, a.decay), visit("pairs", -1, a.pairs), visit("grad_scale", -1, a.grad_scale);
+}
+#endif
 
 template <int PDT, int GDT, bool DEV>
 __global__ void tt_adamw_mt_kernel(tt_adam_f32 k, const __grid_constant__ tt_adam_mt_args a) {

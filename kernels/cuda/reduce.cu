@@ -300,6 +300,7 @@ struct tt_sumto_layout {
   int64_t rsize[TT_SUMTO_MAX_GROUPS], rstride[TT_SUMTO_MAX_GROUPS];
   int64_t nko, nred;
 };
+TT_EMU_NO_PTRS(tt_sumto_layout)
 
 /* Two or more reduced groups: one thread per output, summing its reduced
  * multi-index in row-major order (an odometer, no divisions in the loop). */
@@ -584,6 +585,11 @@ struct tt_sumsq_args {
   const void *x[TT_FOREACH_MAX];
   int64_t n[TT_FOREACH_MAX], L[TT_FOREACH_MAX];
 };
+#if TITAN_CUEMU
+static void tt_emu_ptrs(const tt_sumsq_args &a, tt_emu_ptr_visit &visit) {
+  for (int i = 0; i < a.count && i < TT_FOREACH_MAX; i++) visit("x[i]", i, a.x[i]);
+}
+#endif
 
 /* Block b sums the squares of its segment [lo, hi) in double, in a fixed
  * order (threads take V-element chunks, then the block's group reduce). */

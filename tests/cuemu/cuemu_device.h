@@ -123,13 +123,42 @@ void tt_emu_submit(const char *name, dim3 grid, dim3 block, size_t smem, cudaStr
 
 /* A kernel's pointer argument must be memory the GPU can reach: device
  * memory (a block's end included), pinned host memory, or NULL. Dies,
- * naming the kernel and the argument, on a pointer to other host memory
- * (which on the GPU is an illegal address). */
-void tt_emu_check_arg(const char *kernel, int index, const void *p);
+ * naming the kernel and the argument (and, for a pointer inside a struct
+ * argument, its field, element `elem` of it when elem >= 0), on a pointer
+ * to other host memory (which on the GPU is an illegal address). */
+void tt_emu_check_arg(const char *kernel, int index, const char *field, int elem, const void *p);
+
+/* A struct passed to a kernel by value names the pointers it carries with
+ *   static void tt_emu_ptrs(const S &s, tt_emu_ptr_visit &visit)
+ * (calling visit("x[i]", i, p) for each element i of an array,
+ * visit("y", -1, p) for a plain field; under #if TITAN_CUEMU next to the struct), or
+ * says it carries none with TT_EMU_NO_PTRS(S) (cuda_common.h). A struct
+ * argument with neither does not compile here, so a new one cannot carry a
+ * host pointer past the check. */
+struct tt_emu_ptr_visit {
+  const char *kernel;
+  int index;
+  void operator()(const char *field, int elem, const void *p) { tt_emu_check_arg(kernel, index, field, elem, p); }
+};
+
+template <typename T, typename = void> struct tt_emu_names_ptrs : std::false_type {};
+template <typename T>
+struct tt_emu_names_ptrs<T, std::void_t<decltype(tt_emu_ptrs(std::declval<const T &>(),
+                                                              std::declval<tt_emu_ptr_visit &>()))>>
+    : std::true_type {};
 
 template <typename T> static inline void tt_emu_check_one(const char *kernel, int index, const T &v) {
-  if constexpr (std::is_pointer<T>::value) tt_emu_check_arg(kernel, index, (const void *)v);
-  else (void)kernel, (void)index, (void)v;
+  if constexpr (std::is_pointer<T>::value) {
+    tt_emu_check_arg(kernel, index, NULL, -1, (const void *)v);
+  } else if constexpr (std::is_class<T>::value) {
+    static_assert(tt_emu_names_ptrs<T>::value,
+                  "cuemu: a struct passed to a kernel by value needs tt_emu_ptrs(const S &, tt_emu_ptr_visit &) "
+                  "naming its pointers, or TT_EMU_NO_PTRS(S) (kernels/cuda/cuda_common.h)");
+    tt_emu_ptr_visit visit{kernel, index};
+    tt_emu_ptrs(v, visit);
+  } else {
+    (void)kernel, (void)index, (void)v;
+  }
 }
 
 template <typename... P> struct tt_emu_launcher {

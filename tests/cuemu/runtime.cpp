@@ -25,7 +25,8 @@
  *     pinned blocks hold 0xFF bytes, so nothing can rely on zeros there;
  *     the kernels are built with UBSan's alignment check (CMakeLists.txt),
  *     so a misaligned vector access stops where a GPU would fault; a
- *     kernel's pointer arguments must be device or pinned memory
+ *     kernel's pointer arguments, and the pointers inside its struct
+ *     arguments (tt_emu_ptrs), must be device or pinned memory
  *     (tt_emu_check_arg);
  *   - stream capture (CUDA graphs): work on a capturing stream is recorded
  *     with its arguments' values and replayed by cudaGraphLaunch; a call
@@ -623,7 +624,7 @@ int tt_emu_classify(const void *p, size_t n, int *device) {
   return -1;
 }
 
-void tt_emu_check_arg(const char *kernel, int index, const void *p) {
+void tt_emu_check_arg(const char *kernel, int index, const char *field, int elem, const void *p) {
   if (!p) return;
   const uintptr_t a = (uintptr_t)p;
   std::lock_guard<std::mutex> guard(emu_mem_lock);
@@ -636,6 +637,12 @@ void tt_emu_check_arg(const char *kernel, int index, const void *p) {
   if (ph != emu_pinned.begin()) {
     --ph;
     if (a <= ph->first + ph->second) return; /* pinned: mapped for the device (unified addressing) */
+  }
+  if (field) {
+    char at[24] = "";
+    if (elem >= 0) snprintf(at, sizeof at, " (i = %d)", elem);
+    emu_die("kernel %s: argument %d's %s%s is %p, host memory a GPU cannot read (expected device or pinned memory)",
+            kernel, index, field, at, p);
   }
   emu_die("kernel %s: argument %d is %p, host memory a GPU cannot read (expected device or pinned memory)", kernel,
           index, p);
