@@ -155,6 +155,17 @@ tt_status tt_cuda_adamw_multi(int param_dtype, int grad_dtype, int count, const 
 #define TT_EMU_NO_PTRS(S)
 #endif
 
+/* cuemu also counts, per kernel, the full chunks the vector helpers moved
+ * in one 16-byte (AdamW: 4-element) access and those they split into
+ * element accesses (tt_emu_chunks_get): a spec checks a training step's
+ * fused kernels take the vector path wherever the data allows it, which on
+ * the GPU decides whether they reach HBM bandwidth. */
+#if defined(TITAN_CUEMU)
+#define TT_EMU_CHUNK(full, vec) ((full) ? tt_emu_note_chunk(vec) : (void)0)
+#else
+#define TT_EMU_CHUNK(full, vec) ((void)0)
+#endif
+
 #define TT_CUDA_MAX_DEVICES 16
 #define TT_CUDA_THREADS 256
 

@@ -45,6 +45,7 @@ __global__ void tt_index_select_kernel(Idx rows, Idx upr, int64_t n_src, int64_t
     Idx r = u / upr, c = u - r * upr;
     int64_t o = (int64_t)r / n_idx, j = (int64_t)r - o * n_idx;
     int64_t id = idx[j];
+    TT_EMU_CHUNK(true, sizeof(U) == 16); /* a unit: a 16-byte chunk or a smaller piece of one */
     if (id >= 0 && id < n_src) {
       out[u] = src[(o * n_src + id) * (int64_t)upr + (int64_t)c];
     } else {

@@ -93,6 +93,7 @@ __device__ __forceinline__ tt_pack<typename tt_ft<DT>::S> tt_ld_raw(const typena
   typedef typename tt_ft<DT>::S S;
   constexpr int V = 16 / sizeof(S);
   tt_pack<S> pk;
+  TT_EMU_CHUNK(cnt == V, vec);
   if (vec && cnt == V) {
     pk = *reinterpret_cast<const tt_pack<S> *>(p + e);
   } else {
@@ -119,6 +120,7 @@ __device__ __forceinline__ void tt_ld_chunk(const typename tt_ft<DT>::S *p, int6
 template <int DT>
 __device__ __forceinline__ void tt_st_raw(typename tt_ft<DT>::S *p, int64_t e, int64_t cnt, bool vec,
                                           const tt_pack<typename tt_ft<DT>::S> &pk) {
+  TT_EMU_CHUNK(cnt == (int64_t)(16 / sizeof(typename tt_ft<DT>::S)), vec);
   if (vec && cnt == (int64_t)(16 / sizeof(typename tt_ft<DT>::S))) {
     *reinterpret_cast<tt_pack<typename tt_ft<DT>::S> *>(p + e) = pk;
   } else {

@@ -61,6 +61,7 @@ template <typename S> __host__ __device__ __forceinline__ bool tt_quad_ok(const 
 template <int DT>
 __device__ __forceinline__ void tt_adam_ld(const typename tt_ft<DT>::S *p, int64_t e, int cnt, bool vec, float out[4]) {
   typedef typename tt_ft<DT>::S S;
+  TT_EMU_CHUNK(cnt == 4, vec);
   if (vec && cnt == 4) {
     tt_quad<S> q = *reinterpret_cast<const tt_quad<S> *>(p + e);
 #pragma unroll
@@ -76,6 +77,7 @@ template <int DT>
 __device__ __forceinline__ void tt_adam_st(typename tt_ft<DT>::S *p, int64_t e, int cnt, bool vec, const float in[4]) {
   typedef typename tt_ft<DT>::S S;
   typedef typename tt_ft<DT>::C C;
+  TT_EMU_CHUNK(cnt == 4, vec);
   if (vec && cnt == 4) {
     tt_quad<S> q;
 #pragma unroll

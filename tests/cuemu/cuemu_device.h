@@ -141,6 +141,10 @@ struct tt_emu_ptr_visit {
   void operator()(const char *field, int elem, const void *p) { tt_emu_check_arg(kernel, index, field, elem, p); }
 };
 
+/* A full chunk moved by a kernel's vector helpers (TT_EMU_CHUNK,
+ * cuda_common.h): in one vector access, or split into element accesses. */
+void tt_emu_note_chunk(bool vector);
+
 template <typename T, typename = void> struct tt_emu_names_ptrs : std::false_type {};
 template <typename T>
 struct tt_emu_names_ptrs<T, std::void_t<decltype(tt_emu_ptrs(std::declval<const T &>(),

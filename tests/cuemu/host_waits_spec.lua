@@ -9,21 +9,15 @@
 -- that logs reads its gradient norm too. Counts, never times. Exits 77
 -- (skipped) anywhere but on cuemu.
 local ffi = require("ffi")
-pcall(ffi.cdef, [[
+package.path = "./tests/cuda/?.lua;./tests/cuemu/?.lua;" .. package.path
+local S = require("step_helpers")
+S.require_cuemu([[
 struct tt_emu_counts {
   uint64_t syncs, sync_copies, mallocs, frees, host_allocs, host_frees, kernels;
 };
 void tt_emu_counts_get(struct tt_emu_counts *out);
-]])
-if not pcall(function() return ffi.C.tt_emu_counts_get end) then
-  io.stderr:write("not on cuemu (no tt_emu_counts_get): skipped\n")
-  os.exit(77)
-end
-
-package.path = "./tests/cuda/?.lua;" .. package.path
+]], "tt_emu_counts_get")
 local H = require("helpers")
-local config = require("titan.config")
-local trainer = require("titan.trainer")
 
 local function counts()
   local c = ffi.new("struct tt_emu_counts")
@@ -41,24 +35,8 @@ local function delta(a, b)
   return d
 end
 
--- A trainer on the debug model at a small size; log_freq far away, so only
--- the last step of each train() call logs (trainer.lua logs step == last).
-local function new_trainer(extra)
-  local recipe = config.load_recipe("llama3_debugmodel")
-  local argv = { "--job.dump_folder=" .. os.tmpname() .. ".d", "--metrics.enable_jsonl=false",
-    "--metrics.peak_flops=1e15", "--metrics.log_freq=1000", "--validation.enable=false",
-    "--training.device=cuda", "--training.seq_len=32", "--training.local_batch_size=2",
-    "--training.global_batch_tokens=64", "--lr_scheduler.warmup_steps=2", "--training.steps=100" }
-  for _, a in ipairs(extra) do argv[#argv + 1] = a end
-  local lines = {}
-  local tr = trainer.new(config.resolve(recipe, argv), { print = function(l) lines[#lines + 1] = l end })
-  return tr, lines
-end
-
-local function close(tr)
-  tr:close()
-  H.free_model(tr.model, tr.optimizer)
-end
+local new_trainer = S.debug_trainer
+local function close(tr) S.close(tr, H) end
 
 -- Steps from..to-1 then `to` (which logs): the counts of the unlogged
 -- steps, per step, and of the logged one.

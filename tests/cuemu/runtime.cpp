@@ -57,6 +57,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <string>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -444,6 +445,52 @@ static void emu_run_block(emu_block_runner *r, dim3 grid, dim3 block, dim3 bidx)
 
 static std::recursive_mutex emu_device_lock; /* one kernel at a time */
 
+/* How each kernel read and wrote its full 16-byte chunks (tt_emu_chunks_get):
+ * in one vector access, or split into element accesses, which on the GPU
+ * moves the same bytes in 2 to 16 times as many instructions and falls well
+ * short of HBM bandwidth. A spec reads them around a training step to check
+ * the fused kernels take the vector path wherever the data allows it. */
+struct tt_emu_chunk_count {
+  const char *kernel;
+  uint64_t launches, vector, split;
+};
+static std::mutex emu_chunk_lock;
+static std::map<std::string, tt_emu_chunk_count> emu_chunks;
+static thread_local tt_emu_chunk_count *emu_cur_chunks = NULL; /* the running kernel's (emu_device_lock) */
+
+void tt_emu_note_chunk(bool vector) {
+  if (emu_cur_chunks) (vector ? emu_cur_chunks->vector : emu_cur_chunks->split)++;
+}
+
+/* The kernels launched since the last reset, in name order; returns how many
+ * there are (writes at most max). The names live until the next reset. */
+extern "C" int tt_emu_chunks_get(tt_emu_chunk_count *out, int max) {
+  std::lock_guard<std::mutex> guard(emu_chunk_lock);
+  int n = 0;
+  for (auto &kv : emu_chunks) {
+    if (n < max) out[n] = kv.second;
+    n++;
+  }
+  return n;
+}
+
+extern "C" void tt_emu_chunks_reset(void) {
+  std::lock_guard<std::recursive_mutex> idle(emu_device_lock); /* no kernel holds a count */
+  std::lock_guard<std::mutex> guard(emu_chunk_lock);
+  emu_chunks.clear();
+}
+
+static tt_emu_chunk_count *emu_chunks_of(const char *kernel) {
+  std::lock_guard<std::mutex> guard(emu_chunk_lock);
+  auto it = emu_chunks.find(kernel);
+  if (it == emu_chunks.end()) {
+    it = emu_chunks.emplace(kernel, tt_emu_chunk_count{NULL, 0, 0, 0}).first;
+    it->second.kernel = it->first.c_str();
+  }
+  it->second.launches++;
+  return &it->second;
+}
+
 static void emu_run_kernel(const char *name, dim3 grid, dim3 block, const std::function<void()> &body) {
   std::lock_guard<std::recursive_mutex> guard(emu_device_lock);
   const size_t n = (size_t)block.x * block.y * block.z;
@@ -453,12 +500,14 @@ static void emu_run_kernel(const char *name, dim3 grid, dim3 block, const std::f
   emu_runner = r;
   r->body = &body;
   r->kernel = name;
+  emu_cur_chunks = emu_chunks_of(name); /* map nodes stay put; a reset waits for the device lock */
   const size_t blocks = (size_t)grid.x * grid.y * grid.z;
   for (size_t k = 0; k < blocks; k++) {
     const size_t b = emu_reverse() ? blocks - 1 - k : k;
     emu_run_block(r, grid, block, dim3((unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y),
                                        (unsigned)(b / ((size_t)grid.x * grid.y))));
   }
+  emu_cur_chunks = NULL;
   emu_runner = NULL;
 }
 
