@@ -35,9 +35,19 @@ function M.linear(x, w, b)
       local xs2 = xs:dim() == 2 and xs or xs:reshape(-1, din)
       local gx, gw, gb
       if ctx:needs(1) then
-        local gx2 = ops.raw_matmul(g2, ws)
-        gx = gx2
-        if #shape ~= 2 then gx = gx2:reshape(shape); gx2:free() end
+        -- x feeding several linears (q, k and v; SwiGLU's gate and up):
+        -- the second and later add their dx inside the GEMM (beta = 1)
+        -- rather than through a separate add over the activation.
+        local waiting = ctx:pending_grad(1)
+        if waiting and waiting:dtype() == g2:dtype() and waiting:is_contiguous() then
+          local w2 = #shape == 2 and waiting or waiting:view(-1, din)
+          ops.raw_matmul(g2, ws, false, false, w2, 1)
+          if w2 ~= waiting then w2:free() end
+        else
+          local gx2 = ops.raw_matmul(g2, ws)
+          gx = gx2
+          if #shape ~= 2 then gx = gx2:reshape(shape); gx2:free() end
+        end
       end
       if ctx:needs(2) then
         local acc = ctx:accum(2)

@@ -72,7 +72,7 @@ describe("the fused kernels' 16-byte accesses (cuemu's chunk counts)", function(
   -- a kernel that stops using them fails here rather than going unchecked.
   local FUSED = { "tt_rmsnorm_kernel", "tt_rmsnorm_dx_kernel", "tt_rope_kernel", "tt_swiglu_kernel",
     "tt_swiglu_backward_kernel", "tt_ce_forward", "tt_ce_backward", "tt_adamw_mt_kernel", "tt_sumsq_partial",
-    "tt_index_select_kernel", "tt_axpy_kernel" }
+    "tt_index_select_kernel" }
 
   for _, case in ipairs({
     { "f32", {} },
