@@ -1,6 +1,7 @@
 -- vector_path_spec.lua — a training step's fused kernels move their data in
--- 16-byte accesses (cuemu's chunk counts; run by ctest as
--- cuemu/vector_path_spec, skipped anywhere else).
+-- 16-byte accesses, and the step makes no separate pass to sum gradients
+-- (cuemu's per-kernel counts; run by ctest as cuemu/vector_path_spec,
+-- skipped anywhere else).
 --
 -- The fused kernels (RMSNorm, RoPE, SwiGLU, cross-entropy, AdamW, the
 -- elementwise ops, the gradient norm, the embedding lookup) read and write
@@ -89,6 +90,11 @@ describe("the fused kernels' 16-byte accesses (cuemu's chunk counts)", function(
         assert.truthy(c, k .. " ran in the step")
         assert.truthy(c.vector > 0, k .. " took the vector path")
       end
+      -- Nor a pass of its own to sum an activation's gradients: the normed
+      -- input of q, k and v and of SwiGLU's gate and up takes its second
+      -- and later parts inside the GEMM (beta = 1), the residual stream
+      -- inside the RMSNorm backward.
+      assert.is_nil(find(t, "tt_axpy_kernel"), "a separate gradient add (axpy) in the step")
     end)
   end
 
