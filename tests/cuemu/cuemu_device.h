@@ -130,9 +130,9 @@ void tt_emu_check_arg(const char *kernel, int index, const char *field, int elem
 
 /* A struct passed to a kernel by value names the pointers it carries with
  *   static void tt_emu_ptrs(const S &s, tt_emu_ptr_visit &visit)
- * (calling visit("x[i]", i, p) for each element i of an array,
- * visit("y", -1, p) for a plain field; under #if TITAN_CUEMU next to the struct), or
- * says it carries none with TT_EMU_NO_PTRS(S) (cuda_common.h). A struct
+ * under #if TITAN_CUEMU next to the struct, calling visit("x[i]", i, p)
+ * for each element i of an array and visit("y", -1, p) for a plain field,
+ * or says it carries none with TT_EMU_NO_PTRS(S) (cuda_common.h). A struct
  * argument with neither does not compile here, so a new one cannot carry a
  * host pointer past the check. */
 struct tt_emu_ptr_visit {

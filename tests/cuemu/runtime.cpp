@@ -57,10 +57,10 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <string>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
