@@ -425,6 +425,20 @@ describe("nn primitives", function()
     assert_close(b32.grad:tolist_flat(), { 5, 5, 5 }, 0, "d(b) of a float32 bias")
   end)
 
+  it("an activation feeding three linears (q, k, v): the later input gradients add inside the GEMM; "
+    .. "finite differences agree", function()
+    -- h is an intermediate, so the second and third linear backward find
+    -- its gradient waiting and accumulate into it with beta = 1
+    local function qkv(x, wq, wk, wv)
+      local h = x * 1.5
+      return F.linear(h, wq) * F.linear(h, wk) + F.linear(h, wv)
+    end
+    for _, xs in ipairs({ { 4, 5 }, { 3, 2, 5 } }) do
+      assert_grads(qkv, { leaf(xs, 31), leaf({ 3, 5 }, 32), leaf({ 3, 5 }, 33), leaf({ 3, 5 }, 34) },
+        "three linears on " .. table.concat(xs, "x"))
+    end
+  end)
+
   it("embedding (value + gradient with repeated ids)", function()
     local w = leaf({ 7, 3 }, 4)
     local ids = titan.tensor({ { 1, 6, 1 }, { 0, 0, 5 } }, { dtype = "int64" })
