@@ -78,6 +78,8 @@ describe("the fused kernels' 16-byte accesses (cuemu's chunk counts)", function(
   for _, case in ipairs({
     { "f32", {} },
     { "bf16 params + f32 master", { "--training.mixed_precision_param=bfloat16" } },
+    -- two micro-batches: the second one's weight gradients add into .grad inside the GEMMs too
+    { "2 micro-batches", { "--training.global_batch_tokens=128" } },
   }) do
     it("a training step, " .. case[1] .. ": every full chunk in one vector access", function()
       local t = step_chunks(case[2])
