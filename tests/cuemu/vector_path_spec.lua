@@ -4,7 +4,7 @@
 -- skipped anywhere else).
 --
 -- The fused kernels (RMSNorm, RoPE, SwiGLU, cross-entropy, AdamW, the
--- elementwise ops, the gradient norm, the embedding lookup) read and write
+-- gradient norm, the embedding lookup, and the elementwise ops) read and write
 -- their rows in 16-byte chunks, with one vector access per chunk when the
 -- row starts 16-byte aligned and element by element otherwise. Both give the
 -- same bits, so only the speed tells them apart: the element path issues 2
