@@ -7,15 +7,17 @@ side-by-side table of both.
 Measures (bf16 on CUDA):
   * GEMM TFLOP/s, F.linear (y = x @ W^T) at 8192^3 and the Llama 3 8B shapes;
   * attention TFLOP/s, F.scaled_dot_product_attention (causal, GQA) forward,
-    backward, forward+backward (FLOPs fwd = 4*B*H*T^2*D/2, bwd = 2.5 x fwd);
+    backward, forward+backward (FLOPs fwd = 4*B*H*T^2*D/2, bwd = 2.5 x fwd),
+    with TorchTitan's kernel order (cuDNN, flash, memory-efficient, math) and
+    again with flash alone; each row names the kernel SDPA picked;
   * GB/s of F.rms_norm and of torch.optim.AdamW(fused=True);
   * training tokens/s + MFU of Llama 3 debugmodel (B16 x 2048) and 1B (B1 x 8192):
       eager-amp     f32 parameters, torch.autocast bf16, fused AdamW (f32 state):
                     the numerics Titan uses (bf16 compute, f32 master weights)
       eager-bf16    bf16 parameters and optimizer state (no master copy)
       compile-amp   torch.compile of eager-amp (when time is left)
-    The model is tests/reference/llama3.py's architecture with SDPA attention,
-    the fused F.rms_norm and real-valued RoPE (bf16 has no complex type), the
+    The model is tests/reference/llama3.py's architecture with SDPA attention
+    (TorchTitan's kernel order), the fused F.rms_norm and real-valued RoPE (bf16 has no complex type), the
     loss on f32 logits as TorchTitan computes it.
 With --titan-json (bench/gpu.lua --json) it ends with Titan next to PyTorch.
 Every measurement is guarded: one failure prints `error: ...` and the rest go on.
@@ -33,6 +35,11 @@ import traceback
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+try:  # torch >= 2.3
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+except ImportError:
+    SDPBackend = sdpa_kernel = None
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "reference"))
 import llama3 as ref  # noqa: E402
@@ -166,6 +173,56 @@ def gemm(label, M, N, K, dt):
 
 
 # ---- attention ------------------------------------------------------------------------------------
+# TorchTitan runs F.scaled_dot_product_attention inside
+# sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH],
+# set_priority=True) (torchtitan/models/attention.py), so that is what "PyTorch
+# eager with SDPA" means here. PyTorch's own default order changed between
+# releases (cuDNN first on Hopper only with a recent cuDNN), so the order is
+# pinned rather than left to the version on the machine. "flash" forces
+# FlashAttention-2 alone: a second reference row for the attention benchmark.
+TITAN_ORDER = None  # TorchTitan's order, where this torch can pin one
+if sdpa_kernel is not None:
+    TITAN_ORDER = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                   SDPBackend.MATH]
+    try:
+        sdpa_kernel(TITAN_ORDER, set_priority=True)  # a generator: nothing runs until entered
+    except TypeError:  # torch < 2.6: no set_priority (a list only enables, in PyTorch's own order)
+        TITAN_ORDER = None
+
+
+def sdpa_policy(kind):
+    """A context manager for `kind` ("torchtitan" or "flash"), or None when this torch cannot pin one."""
+    if kind == "flash":
+        return sdpa_kernel(SDPBackend.FLASH_ATTENTION) if sdpa_kernel is not None else None
+    return sdpa_kernel(TITAN_ORDER, set_priority=True) if TITAN_ORDER is not None else None
+
+
+def under(kind, fn):
+    """fn() inside a fresh context of `kind`'s policy (one context serves one `with`), or as it is without one."""
+    policy = sdpa_policy(kind)
+    if policy is None:
+        return fn()
+    with policy:
+        return fn()
+
+
+def sdpa_choice(q, k, v, kind):
+    """The kernel SDPA picks for these tensors under `kind`'s policy: "cudnn", "flash", ... or "?"."""
+    if SDPBackend is None or not hasattr(torch, "_fused_sdp_choice"):
+        return "?"
+
+    def ask():
+        kw = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+        try:
+            return SDPBackend(torch._fused_sdp_choice(q, k, v, is_causal=True, **kw)).name
+        except (TypeError, RuntimeError, ValueError):
+            return "?"
+
+    name = under(kind, ask)
+    return {"CUDNN_ATTENTION": "cudnn", "FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient",
+            "MATH": "math"}.get(name, name.lower())
+
+
 def sdpa(q, k, v, causal=True):
     """q [B, Hq, T, D], k/v [B, Hkv, S, D]."""
     hq, hkv = q.shape[1], k.shape[1]
@@ -189,36 +246,47 @@ def sdpa(q, k, v, causal=True):
     return torch.matmul(torch.softmax(s, dim=-1), v)
 
 
-def attention(B, T, Hq, Hkv, D, dt):
+def attention(B, T, Hq, Hkv, D, dt, kind="torchtitan"):
     label = f"B{B} T{T} Hq{Hq} Hkv{Hkv} D{D}"
     fwd_flops = 4 * B * Hq * T * T * D / 2
+    if kind != "torchtitan" and sdpa_policy(kind) is None:
+        print(f"  [attention] {label} {kind}: not measured (this torch cannot force the kernel)", flush=True)
+        return
 
     def run():
         dev = ARGS.device
-        q = torch.randn(B, Hq, T, D, device=dev, dtype=dt, requires_grad=True)
-        k = torch.randn(B, Hkv, T, D, device=dev, dtype=dt, requires_grad=True)
-        v = torch.randn(B, Hkv, T, D, device=dev, dtype=dt, requires_grad=True)
-        dout = torch.randn(B, Hq, T, D, device=dev, dtype=dt)
+
+        # [B, T, H, D] seen as [B, H, T, D]: the layout the model hands SDPA
+        # (and Titan's attention takes), which cuDNN's SDPA accepts.
+        def bthd(h, grad):
+            return torch.randn(B, T, h, D, device=dev, dtype=dt).transpose(1, 2).requires_grad_(grad)
+
+        q, k, v = bthd(Hq, True), bthd(Hkv, True), bthd(Hkv, True)
+        dout = bthd(Hq, False)
+        backend = sdpa_choice(q, k, v, kind)
 
         def fwd():
             with torch.no_grad():
-                sdpa(q, k, v)
+                under(kind, lambda: sdpa(q, k, v))
 
         def both():
-            o = sdpa(q, k, v)
+            o = under(kind, lambda: sdpa(q, k, v))
             o.backward(dout)
             q.grad = k.grad = v.grad = None
 
         tf = time_it(fwd)
         tfb = time_it(both, warmup=1)
         tb = max(tfb - tf, 1e-9)
-        r = dict(label=label, dtype=str(dt).replace("torch.", ""), B=B, T=T, Hq=Hq, Hkv=Hkv, D=D, fwd_ms=tf * 1e3,
-                 bwd_ms=tb * 1e3, fwd_bwd_ms=tfb * 1e3, fwd_tflops=fwd_flops / tf / 1e12,
-                 bwd_tflops=2.5 * fwd_flops / tb / 1e12, fwd_bwd_tflops=3.5 * fwd_flops / tfb / 1e12)
-        print(f"  [attention] {label}: fwd {r['fwd_tflops']:.1f}, fwd+bwd {r['fwd_bwd_tflops']:.1f} TFLOP/s", flush=True)
+        policy = kind if sdpa_policy(kind) is not None else "default"  # torch < 2.6: PyTorch's own order
+        r = dict(label=label, dtype=str(dt).replace("torch.", ""), B=B, T=T, Hq=Hq, Hkv=Hkv, D=D, policy=policy,
+                 backend=backend, fwd_ms=tf * 1e3, bwd_ms=tb * 1e3, fwd_bwd_ms=tfb * 1e3,
+                 fwd_tflops=fwd_flops / tf / 1e12, bwd_tflops=2.5 * fwd_flops / tb / 1e12,
+                 fwd_bwd_tflops=3.5 * fwd_flops / tfb / 1e12)
+        print(f"  [attention] {label} {policy} ({backend}): fwd {r['fwd_tflops']:.1f}, "
+              f"fwd+bwd {r['fwd_bwd_tflops']:.1f} TFLOP/s", flush=True)
         return r
 
-    r = guarded("attention", label, 8, run)
+    r = guarded("attention", f"{label} {kind}", 8, run)
     if r:
         RESULTS["attention"].append(r)
 
@@ -317,7 +385,12 @@ class SdpaAttention(ref.Attention):
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        o = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if TITAN_ORDER is not None:
+            with sdpa_kernel(TITAN_ORDER, set_priority=True):
+                o = sdpa(q, k, v)
+        else:
+            o = sdpa(q, k, v)
         return self.wo(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
@@ -379,6 +452,14 @@ def train(label, flavor, B, T, mode, steps, warmup, need):
         if not amp:
             model = model.to(torch.bfloat16 if cuda else torch.float32)
         fpt, nparams = flops_per_token(model, a, T)
+        # The kernel the model's attention gets: its q, k, v as SdpaAttention
+        # hands them over (bf16 on the GPU in both modes, autocast or not).
+        adt = torch.bfloat16 if cuda else torch.float32
+
+        def qkv(h):
+            return torch.empty(B, T, h, a.head_dim, device=dev, dtype=adt).transpose(1, 2).requires_grad_()
+
+        attn = sdpa_choice(qkv(a.n_heads), qkv(a.n_kv_heads), qkv(a.n_kv_heads), "torchtitan")
         kw = {"fused": True} if cuda else {}
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, **kw)
         fwd = torch.compile(model) if mode.startswith("compile") else model
@@ -415,10 +496,12 @@ def train(label, flavor, B, T, mode, steps, warmup, need):
         t = statistics.median(ts)
         peak = torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else 0.0
         tps = B * T / t
-        r = dict(model=label, mode=mode, B=B, T=T, step_ms=t * 1e3, tokens_per_s=tps, mfu=tps * fpt / PEAK,
+        r = dict(model=label, mode=mode, B=B, T=T, attention=attn, step_ms=t * 1e3, tokens_per_s=tps,
+                 mfu=tps * fpt / PEAK,
                  flops_per_token=fpt, params=nparams, peak_gib=peak, build_s=c0 - t0, first_step_s=first_s,
                  last_loss=loss, steps=steps)
-        print(f"  [train] {label} {mode} B{B} T{T}: {t * 1e3:.1f} ms/step, {tps:.0f} tokens/s, MFU {100 * r['mfu']:.1f}%, "
+        print(f"  [train] {label} {mode} B{B} T{T} (sdpa {attn}): {t * 1e3:.1f} ms/step, {tps:.0f} tokens/s, "
+              f"MFU {100 * r['mfu']:.1f}%, "
               f"peak {peak:.1f} GiB (first step {first_s:.1f} s, loss {loss:.3f})", flush=True)
         return r
 
@@ -452,13 +535,15 @@ def side_by_side(titan):
     for r in RESULTS["attention"]:
         t = ta.get((r["T"], r["B"], r["dtype"]))
         if t:
-            rows.append([f"attention fwd+bwd {r['label']} {r['dtype']}", f"{t['fwd_bwd_tflops']:.1f} TFLOP/s",
-                         f"{r['fwd_bwd_tflops']:.1f} TFLOP/s", f"{t['fwd_bwd_tflops'] / r['fwd_bwd_tflops']:.2f}"])
+            rows.append([f"attention fwd+bwd {r['label']} {r['dtype']} vs torch {r['policy']} ({r['backend']})",
+                         f"{t['fwd_bwd_tflops']:.1f} TFLOP/s", f"{r['fwd_bwd_tflops']:.1f} TFLOP/s",
+                         f"{t['fwd_bwd_tflops'] / r['fwd_bwd_tflops']:.2f}"])
     for tr in titan.get("train", []):
         for r in RESULTS["train"]:
             if r["model"] == tr["model"] and r["B"] == tr["B"] and r["T"] == tr["T"]:
                 launch = " (cuda graph)" if tr.get("graphs") else ""
-                rows.append([f"train {tr['model']} B{tr['B']}x{tr['T']}: titan {tr['dtype']}{launch} vs torch {r['mode']}",
+                rows.append([f"train {tr['model']} B{tr['B']}x{tr['T']}: titan {tr['dtype']}{launch} vs torch {r['mode']} "
+                             f"(sdpa {r.get('attention', '?')})",
                              f"{tr['tokens_per_s']:.0f} tok/s ({100 * tr['mfu']:.1f}% MFU)",
                              f"{r['tokens_per_s']:.0f} tok/s ({100 * r['mfu']:.1f}% MFU)",
                              f"{tr['tokens_per_s'] / r['tokens_per_s']:.2f}"])
@@ -497,9 +582,11 @@ def main():
     if S:
         gemm("square", 64, 64, 64, bf)
         attention(1, 64, 4, 2, 32, bf)
+        attention(1, 64, 4, 2, 32, bf, "flash")
     else:
         gemm("square 8192^3", 8192, 8192, 8192, bf)
         attention(1, 8192, 32, 8, 128, bf)
+        attention(1, 8192, 32, 8, 128, bf, "flash")
     memory_benches(S)
     if S:
         train("tiny", "tiny", 2, 32, "eager-amp", 2, 1, 0)
@@ -524,18 +611,19 @@ def main():
           [[r["label"], r["dtype"], f"{r['M']}x{r['N']}x{r['K']}", f"{r['ms']:.3f}", f"{r['tflops']:.1f}",
             f"{100 * r['tflops'] * 1e12 / PEAK:.0f}%"] for r in RESULTS["gemm"]])
     print()
-    print("## Attention (F.scaled_dot_product_attention, causal; bwd = (fwd+bwd) - fwd)")
-    table(["shape", "dtype", "fwd ms", "fwd TFLOP/s", "fwd+bwd ms", "fwd+bwd TFLOP/s"],
-          [[r["label"], r["dtype"], f"{r['fwd_ms']:.3f}", f"{r['fwd_tflops']:.1f}", f"{r['fwd_bwd_ms']:.3f}",
-            f"{r['fwd_bwd_tflops']:.1f}"] for r in RESULTS["attention"]])
+    print("## Attention (F.scaled_dot_product_attention, causal; bwd = (fwd+bwd) - fwd; "
+          "policy torchtitan = cuDNN, flash, efficient, math in that order)")
+    table(["shape", "dtype", "policy", "kernel", "fwd ms", "fwd TFLOP/s", "fwd+bwd ms", "fwd+bwd TFLOP/s"],
+          [[r["label"], r["dtype"], r["policy"], r["backend"], f"{r['fwd_ms']:.3f}", f"{r['fwd_tflops']:.1f}",
+            f"{r['fwd_bwd_ms']:.3f}", f"{r['fwd_bwd_tflops']:.1f}"] for r in RESULTS["attention"]])
     print()
     print("## Memory-bound kernels (GB/s of the bytes each must move)")
     table(["kernel", "dtype", "elements", "ms", "GB/s"],
           [[r["kernel"], r["dtype"], r["shape"], f"{r['ms']:.3f}", f"{r['gbps']:.1f}"] for r in RESULTS["memory"]])
     print()
     print("## Training (AdamW fused, clip 1.0, random tokens; MFU over 989 TFLOP/s)")
-    table(["model", "mode", "B x T", "step ms", "tokens/s", "MFU", "peak GiB", "first step s"],
-          [[r["model"], r["mode"], f"{r['B']}x{r['T']}", f"{r['step_ms']:.1f}", f"{r['tokens_per_s']:.0f}",
+    table(["model", "mode", "B x T", "sdpa", "step ms", "tokens/s", "MFU", "peak GiB", "first step s"],
+          [[r["model"], r["mode"], f"{r['B']}x{r['T']}", r["attention"], f"{r['step_ms']:.1f}", f"{r['tokens_per_s']:.0f}",
             f"{100 * r['mfu']:.1f}%", f"{r['peak_gib']:.1f}", f"{r['first_step_s']:.1f}"] for r in RESULTS["train"]])
     if RESULTS["errors"]:
         print()
