@@ -42,11 +42,14 @@
  * the thread count — never changes a bit of the result.
  *
  * Two implementations share this plan:
- *  - f32 with AVX-512 (F and DQ) and head_dim a multiple of 16: the fast
- *    path. Tiles put 16 queries (or keys) in the lanes of a vector, so the
- *    softmax bookkeeping is plain vertical vector math with no horizontal
- *    reductions, and every matmul is a 4x4 block of vector accumulators fed
- *    by broadcasts (register blocking: each loaded vector serves 4 FMAs).
+ *  - f32 with AVX-512 (F and DQ) and head_dim a multiple of 16, or AVX2 +
+ *    FMA and head_dim a multiple of 8: the fast path, written once over a
+ *    thin vector layer (16 or 8 float lanes). Tiles put 16 (8) queries or
+ *    keys in the lanes of a vector, so the softmax bookkeeping is plain
+ *    vertical vector math with no horizontal reductions, and every matmul is
+ *    a block of 4 rows x 4 (2) vector accumulators fed by broadcasts
+ *    (register blocking: each loaded vector serves 4 FMAs; AVX2 has half the
+ *    registers, so it walks a tile row's 8 vectors two at a time).
  *    The forward and pass 2 put queries in lanes (Q is turned once per
  *    block, K and V rows are read in place); pass 1 puts keys in lanes (K
  *    and V turned once per key block, Q and dO rows read in place). exp is
@@ -54,9 +57,13 @@
  *    log2(e)), accurate to ~1e-7. Rows of one head are Hq*D floats apart,
  *    which the hardware prefetchers follow badly, so each tile prefetches
  *    the rows the next tile will read.
+ *    The two instruction sets do not give the same bits (AVX2 sums Di in
+ *    the matmuls' order, AVX-512 over 16 lanes; AVX2's exp2 flushes weights
+ *    below 2^-126 to 0), but each gives the same bits every run.
  *  - everything else (f64 for gradient checks, odd head dims, builds
- *    without AVX-512): the same tiling on double tiles with libm exp, clear
- *    rather than fast. It always uses the two-pass backward.
+ *    without AVX2): the same tiling on double tiles with libm exp, clear
+ *    rather than fast (some 30 times slower). It always uses the two-pass
+ *    backward.
  */
 #include <math.h>
 #include <omp.h>
@@ -66,6 +73,10 @@
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 #define ATT_AVX512 1
+#define ATT_FAST 1
+#include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__)
+#define ATT_FAST 1
 #include <immintrin.h>
 #endif
 
@@ -100,7 +111,7 @@ static inline int64_t kv_at(const att_dims *a, int64_t b, int64_t s, int64_t kvh
 static inline int64_t lse_at(const att_dims *a, int64_t b, int64_t h, int64_t t) { return (b * a->Hq + h) * a->T + t; }
 
 /* ======================================================================== */
-/* Generic path: double tiles, scalar exp. f64, odd head dims, no AVX-512.   */
+/* Generic path: double tiles, scalar exp. f64, odd head dims, no AVX2.      */
 /* ======================================================================== */
 
 /* 16 rows of up to 256 doubles = 32 KiB per tile; the backward's key pass
@@ -292,146 +303,68 @@ static void g_backward(const att_dims *a, int dt, const void *q, const void *k, 
 }
 
 /* ======================================================================== */
-/* Fast path: f32, AVX-512, head_dim a multiple of 16.                       */
+/* Fast path: f32 on AVX-512 or AVX2 + FMA, head_dim a multiple of FW.       */
 /* ======================================================================== */
-#if defined(ATT_AVX512)
+#if defined(ATT_FAST)
 
 #define FB 64 /* queries and keys per tile */
-#define FV 4  /* 16-float vectors per tile row */
 #define F_INLINE static inline __attribute__((always_inline))
 
-/* A masked score. Finite, so exp2(masked - max) is exactly 0 even when every
- * score of a row is masked (where -inf - -inf would give NaN). */
-#define F_NEG (-1e30f)
-
-typedef struct {
-  att_dims a;
-  const float *q, *k, *v, *o, *lse, *dout;
-  float *out, *lse_out, *dq, *dk, *dv;
-  float c;     /* scale * log2(e): base-2 scores, so exp2 does the work of exp */
-  float scale;
-} f_args;
+/* The vector layer: FW float lanes per vector, FV vectors per tile row. The
+ * code above it is written once; each instruction set gives the same
+ * operations. FC is how many of a tile row's vectors one matmul call keeps
+ * in registers per row (4 rows x FC accumulators, the tile's FC vectors and
+ * a broadcast must fit the register file: 32 zmm, 16 ymm). FA is the
+ * accumulator count of the dq rows (f_dq_tile). */
+#if defined(ATT_AVX512)
+#define FW 16
+#define FC 4
+#define FA 16
+typedef __m512 fv;
+typedef __m512i fvi;
+F_INLINE fv fv_zero(void) { return _mm512_setzero_ps(); }
+F_INLINE fv fv_set1(float x) { return _mm512_set1_ps(x); }
+F_INLINE fv fv_load(const float *p) { return _mm512_load_ps(p); }
+F_INLINE fv fv_loadu(const float *p) { return _mm512_loadu_ps(p); }
+F_INLINE void fv_store(float *p, fv x) { _mm512_store_ps(p, x); }
+F_INLINE void fv_storeu(float *p, fv x) { _mm512_storeu_ps(p, x); }
+F_INLINE fv fv_add(fv x, fv y) { return _mm512_add_ps(x, y); }
+F_INLINE fv fv_sub(fv x, fv y) { return _mm512_sub_ps(x, y); }
+F_INLINE fv fv_mul(fv x, fv y) { return _mm512_mul_ps(x, y); }
+F_INLINE fv fv_max(fv x, fv y) { return _mm512_max_ps(x, y); }
+F_INLINE fv fv_fmadd(fv x, fv y, fv z) { return _mm512_fmadd_ps(x, y, z); }
+F_INLINE fv fv_fmsub(fv x, fv y, fv z) { return _mm512_fmsub_ps(x, y, z); }
+F_INLINE float fv_sum(fv x) { return _mm512_reduce_add_ps(x); }
 
 /* 2^x for x <= ~0. x = floor(x) + f with f in [0, 1) (vreduceps); 2^f from
  * a degree-5 minimax polynomial with p(0) = 1 exactly, so a running maximum
  * that does not move rescales by exactly 1 (relative error 8.2e-8); then
  * vscalefps multiplies by 2^floor(x) itself, flushing to 0 for very negative
  * x. Seven vector operations. NaN for x = +inf (always masked off later). */
-F_INLINE __m512 f_exp2(__m512 x) {
-  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 p = _mm512_set1_ps(0.0018671300699122932f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.009017030322326125f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.05579991310386636f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24016445015503726f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931513118046069f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, x);
+F_INLINE fv fv_exp2_poly(fv f);
+F_INLINE fv fv_exp2(fv x) {
+  const fv f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  return _mm512_scalef_ps(fv_exp2_poly(f), x);
 }
 
-/* Lane numbers 16c .. 16c+15 of tile column vector c. */
-F_INLINE __m512i f_iota(int c) {
+/* Lane numbers FW*c .. FW*c + FW-1 of tile vector c. */
+F_INLINE fvi fv_iota(int c) {
   return _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                          _mm512_set1_epi32(16 * c));
+                          _mm512_set1_epi32(FW * c));
 }
-F_INLINE int32_t f_clamp_lane(int64_t x) { return (int32_t)(x < -1 ? -1 : x > FB ? FB : x); }
-
-/* Asks for the D floats of a row that the next tile will read (see the
- * header: strided rows defeat the hardware prefetchers). */
-F_INLINE void f_prefetch_row(const float *row, int64_t D) {
-  for (int64_t d = 0; d < D; d += 16) _mm_prefetch((const char *)(row + d), _MM_HINT_T0);
+/* x where the lane number (iota) is >= thr, else `other`. */
+F_INLINE fv fv_keep_ge(fv x, fvi iota, fvi thr, fv other) {
+  return _mm512_mask_blend_ps(_mm512_cmpge_epi32_mask(iota, thr), other, x);
 }
-
-/* Matmul core 1 — four rows times a transposed tile:
- *   acc[r][c] = sum_d rows[r][d] * tile[d][16c .. 16c+15].
- * Row values are broadcast; the tile (D x 64, lanes along its rows) is
- * loaded once per d for all four rows. Every element is a plain FMA chain
- * over d in increasing order. */
-F_INLINE void f_rows_x_tile(const float *const rows[4], const float *tile, int64_t D, __m512 acc[4][FV]) {
-  for (int r = 0; r < 4; r++)
-    for (int c = 0; c < FV; c++) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t d = 0; d < D; d++) {
-    __m512 t[FV];
-    for (int c = 0; c < FV; c++) t[c] = _mm512_load_ps(tile + d * FB + 16 * c);
-    for (int r = 0; r < 4; r++) {
-      const __m512 x = _mm512_set1_ps(rows[r][d]);
-      for (int c = 0; c < FV; c++) acc[r][c] = _mm512_fmadd_ps(x, t[c], acc[r][c]);
-    }
-  }
-}
-
-/* Matmul core 2 — a sum over n rows into four rows of a transposed tile:
- *   out[r][16c ..] (= out * pre[c]) += sum_{j<n} row_j[r] * tile[j][16c ..]
- * where row_j = row + j * stride. Each element is an FMA chain over j in
- * increasing order, starting from its value in `out`. */
-F_INLINE void f_sum_rows(float *out, const float *row, int64_t stride, int64_t n, const float *tile,
-                         const __m512 *pre) {
-  __m512 acc[4][FV];
-  for (int r = 0; r < 4; r++)
-    for (int c = 0; c < FV; c++) {
-      acc[r][c] = _mm512_load_ps(out + r * FB + 16 * c);
-      if (pre) acc[r][c] = _mm512_mul_ps(acc[r][c], pre[c]);
-    }
-  for (int64_t j = 0; j < n; j++, row += stride) {
-    __m512 t[FV];
-    for (int c = 0; c < FV; c++) t[c] = _mm512_load_ps(tile + j * FB + 16 * c);
-    for (int r = 0; r < 4; r++) {
-      const __m512 x = _mm512_set1_ps(row[r]);
-      for (int c = 0; c < FV; c++) acc[r][c] = _mm512_fmadd_ps(x, t[c], acc[r][c]);
-    }
-  }
-  for (int r = 0; r < 4; r++)
-    for (int c = 0; c < FV; c++) _mm512_store_ps(out + r * FB + 16 * c, acc[r][c]);
-}
-
-/* Matmul core 3 — dq rows += dS K, for pass 1 of the fused schedule:
- *   dq[i][16c ..] += sum_{j<nk} ds[i][j] * k_j[16c ..]
- * for NI rows (nvalid of them real) and NV vectors of head dim. Same FMA
- * chain per element as core 2 computes for dq^T in pass 2. */
-F_INLINE void f_dq_tile(float *dq, int64_t qstride, int64_t nvalid, const float *ds, const float *k, int64_t kvstride,
-                        int64_t nk, const int NI, const int NV) {
-  __m512 acc[16][4];
-  const float *dsr[16];
-  for (int r = 0; r < NI; r++) {
-    const int64_t rr = min64(r, nvalid - 1);
-    dsr[r] = ds + rr * FB;
-    for (int c = 0; c < NV; c++) acc[r][c] = _mm512_loadu_ps(dq + rr * qstride + 16 * c);
-  }
-  for (int64_t j = 0; j < nk; j++, k += kvstride) {
-    __m512 t[4];
-    for (int c = 0; c < NV; c++) t[c] = _mm512_loadu_ps(k + 16 * c);
-    for (int r = 0; r < NI; r++) {
-      const __m512 x = _mm512_set1_ps(dsr[r][j]);
-      for (int c = 0; c < NV; c++) acc[r][c] = _mm512_fmadd_ps(x, t[c], acc[r][c]);
-    }
-  }
-  for (int r = 0; r < NI && r < nvalid; r++)
-    for (int c = 0; c < NV; c++) _mm512_storeu_ps(dq + r * qstride + 16 * c, acc[r][c]);
-}
-
-static void f_dq_rows(float *dq, int64_t qstride, int64_t nq, const float *ds, const float *k, int64_t kvstride,
-                      int64_t nk, int64_t D) {
-  /* 16 accumulators per call whatever the head dim: 16 rows x 1 vector at
-   * head_dim 16, 4 x 4 from 64 up. */
-  for (int64_t c0 = 0; c0 < D / 16;) {
-    const int64_t left = D / 16 - c0;
-    for (int64_t i = 0; i < nq; i += left >= 4 ? 4 : left >= 2 ? 8 : 16) {
-      float *dqi = dq + i * qstride + 16 * c0;
-      const float *dsi = ds + i * FB, *kc = k + 16 * c0;
-      if (left >= 4)
-        f_dq_tile(dqi, qstride, nq - i, dsi, kc, kvstride, nk, 4, 4);
-      else if (left >= 2)
-        f_dq_tile(dqi, qstride, nq - i, dsi, kc, kvstride, nk, 8, 2);
-      else
-        f_dq_tile(dqi, qstride, nq - i, dsi, kc, kvstride, nk, 16, 1);
-    }
-    c0 += left >= 4 ? 4 : left >= 2 ? 2 : 1;
-  }
-}
+/* x where the lane number is >= thr (or <= lim), else 0. */
+F_INLINE fv fv_keep_ge0(fv x, fvi iota, fvi thr) { return _mm512_maskz_mov_ps(_mm512_cmpge_epi32_mask(iota, thr), x); }
+F_INLINE fv fv_keep_le(fv x, fvi iota, fvi lim) { return _mm512_maskz_mov_ps(_mm512_cmple_epi32_mask(iota, lim), x); }
+F_INLINE fvi fv_seti(int32_t x) { return _mm512_set1_epi32(x); }
 
 /* Turns 16 vectors of 16 floats around: r[i] lane j <-> r[j] lane i. Three
  * rounds of shuffles (pairs of floats, quads, 128-bit lanes). */
-F_INLINE void f_transpose16(__m512 r[16]) {
-  __m512 t[16];
+F_INLINE void fv_transpose(fv r[FW]) {
+  fv t[16];
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
@@ -453,18 +386,205 @@ F_INLINE void f_transpose16(__m512 r[16]) {
     r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
   }
 }
+#else /* AVX2 + FMA */
+#define FW 8
+#define FC 2
+#define FA 8
+typedef __m256 fv;
+typedef __m256i fvi;
+F_INLINE fv fv_zero(void) { return _mm256_setzero_ps(); }
+F_INLINE fv fv_set1(float x) { return _mm256_set1_ps(x); }
+F_INLINE fv fv_load(const float *p) { return _mm256_load_ps(p); }
+F_INLINE fv fv_loadu(const float *p) { return _mm256_loadu_ps(p); }
+F_INLINE void fv_store(float *p, fv x) { _mm256_store_ps(p, x); }
+F_INLINE void fv_storeu(float *p, fv x) { _mm256_storeu_ps(p, x); }
+F_INLINE fv fv_add(fv x, fv y) { return _mm256_add_ps(x, y); }
+F_INLINE fv fv_sub(fv x, fv y) { return _mm256_sub_ps(x, y); }
+F_INLINE fv fv_mul(fv x, fv y) { return _mm256_mul_ps(x, y); }
+F_INLINE fv fv_max(fv x, fv y) { return _mm256_max_ps(x, y); }
+F_INLINE fv fv_fmadd(fv x, fv y, fv z) { return _mm256_fmadd_ps(x, y, z); }
+F_INLINE fv fv_fmsub(fv x, fv y, fv z) { return _mm256_fmsub_ps(x, y, z); }
+
+/* 2^x for x <= ~0, as the AVX-512 version: x = floor(x) + f, the same
+ * polynomial for 2^f, times 2^floor(x) built in the exponent bits. x is
+ * first raised to -127, where that power reads as 0 (AVX-512's vscalefps
+ * gives the subnormals instead: weights below 2^-126 of a row's largest, no
+ * difference to any sum). max(-127, x) keeps a NaN x a NaN. */
+F_INLINE fv fv_exp2_poly(fv f);
+F_INLINE fv fv_exp2(fv x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);
+  const fv fl = _mm256_floor_ps(x);
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fl), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(fv_exp2_poly(_mm256_sub_ps(x, fl)), _mm256_castsi256_ps(e));
+}
+
+F_INLINE fvi fv_iota(int c) {
+  return _mm256_add_epi32(_mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0), _mm256_set1_epi32(FW * c));
+}
+/* iota >= thr  <=>  iota > thr - 1 (lane numbers and thresholds lie in [-1, 64]) */
+F_INLINE fv fv_ge_mask(fvi iota, fvi thr) {
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(iota, _mm256_sub_epi32(thr, _mm256_set1_epi32(1))));
+}
+F_INLINE fv fv_keep_ge(fv x, fvi iota, fvi thr, fv other) { return _mm256_blendv_ps(other, x, fv_ge_mask(iota, thr)); }
+F_INLINE fv fv_keep_ge0(fv x, fvi iota, fvi thr) { return _mm256_and_ps(fv_ge_mask(iota, thr), x); }
+F_INLINE fv fv_keep_le(fv x, fvi iota, fvi lim) {
+  return _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(iota, lim)), x);
+}
+F_INLINE fvi fv_seti(int32_t x) { return _mm256_set1_epi32(x); }
+
+/* 8 x 8 transpose: pairs of floats, quads, then the 128-bit halves. */
+F_INLINE void fv_transpose(fv r[FW]) {
+  fv t[8], s[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    s[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+    s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+  }
+  for (int i = 0; i < 4; i++) {
+    r[i] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);
+  }
+}
+#endif
+
+#define FV (FB / FW) /* vectors per tile row */
+
+/* 2^f for f in [0, 1): degree-5 minimax polynomial, p(0) = 1 exactly. */
+F_INLINE fv fv_exp2_poly(fv f) {
+  fv p = fv_set1(0.0018671300699122932f);
+  p = fv_fmadd(p, f, fv_set1(0.009017030322326125f));
+  p = fv_fmadd(p, f, fv_set1(0.05579991310386636f));
+  p = fv_fmadd(p, f, fv_set1(0.24016445015503726f));
+  p = fv_fmadd(p, f, fv_set1(0.6931513118046069f));
+  return fv_fmadd(p, f, fv_set1(1.0f));
+}
+
+/* A masked score. Finite, so exp2(masked - max) is exactly 0 even when every
+ * score of a row is masked (where -inf - -inf would give NaN). */
+#define F_NEG (-1e30f)
+
+typedef struct {
+  att_dims a;
+  const float *q, *k, *v, *o, *lse, *dout;
+  float *out, *lse_out, *dq, *dk, *dv;
+  float c;     /* scale * log2(e): base-2 scores, so exp2 does the work of exp */
+  float scale;
+} f_args;
+
+F_INLINE int32_t f_clamp_lane(int64_t x) { return (int32_t)(x < -1 ? -1 : x > FB ? FB : x); }
+
+/* Asks for the D floats of a row that the next tile will read (see the
+ * header: strided rows defeat the hardware prefetchers); 16 floats a line. */
+F_INLINE void f_prefetch_row(const float *row, int64_t D) {
+  for (int64_t d = 0; d < D; d += 16) _mm_prefetch((const char *)(row + d), _MM_HINT_T0);
+}
+
+/* Matmul core 1 — four rows times FC vectors of a transposed tile:
+ *   acc[r][c] = sum_d rows[r][d] * tile[d][FW*c .. FW*c + FW-1].
+ * Row values are broadcast; the tile's vectors (D x 64, lanes along its
+ * rows; `tile` points at the first of the FC) are loaded once per d for all
+ * four rows. Every element is a plain FMA chain over d in increasing order.
+ * Callers walk a tile row's FV vectors FC at a time (once on AVX-512). */
+F_INLINE void f_rows_x_tile(const float *const rows[4], const float *tile, int64_t D, fv acc[4][FC]) {
+  for (int r = 0; r < 4; r++)
+    for (int c = 0; c < FC; c++) acc[r][c] = fv_zero();
+  for (int64_t d = 0; d < D; d++) {
+    fv t[FC];
+    for (int c = 0; c < FC; c++) t[c] = fv_load(tile + d * FB + FW * c);
+    for (int r = 0; r < 4; r++) {
+      const fv x = fv_set1(rows[r][d]);
+      for (int c = 0; c < FC; c++) acc[r][c] = fv_fmadd(x, t[c], acc[r][c]);
+    }
+  }
+}
+
+/* Matmul core 2 — a sum over n rows into four rows of a transposed tile:
+ *   out[r][FW*c ..] (= out * pre[c]) += sum_{j<n} row_j[r] * tile[j][FW*c ..]
+ * where row_j = row + j * stride. Each element is an FMA chain over j in
+ * increasing order, starting from its value in `out`. */
+F_INLINE void f_sum_rows(float *out, const float *row, int64_t stride, int64_t n, const float *tile, const fv *pre) {
+  for (int cg = 0; cg < FV; cg += FC) {
+    fv acc[4][FC];
+    for (int r = 0; r < 4; r++)
+      for (int c = 0; c < FC; c++) {
+        acc[r][c] = fv_load(out + r * FB + FW * (cg + c));
+        if (pre) acc[r][c] = fv_mul(acc[r][c], pre[cg + c]);
+      }
+    const float *rj = row;
+    for (int64_t j = 0; j < n; j++, rj += stride) {
+      fv t[FC];
+      for (int c = 0; c < FC; c++) t[c] = fv_load(tile + j * FB + FW * (cg + c));
+      for (int r = 0; r < 4; r++) {
+        const fv x = fv_set1(rj[r]);
+        for (int c = 0; c < FC; c++) acc[r][c] = fv_fmadd(x, t[c], acc[r][c]);
+      }
+    }
+    for (int r = 0; r < 4; r++)
+      for (int c = 0; c < FC; c++) fv_store(out + r * FB + FW * (cg + c), acc[r][c]);
+  }
+}
+
+/* Matmul core 3 — dq rows += dS K, for pass 1 of the fused schedule:
+ *   dq[i][FW*c ..] += sum_{j<nk} ds[i][j] * k_j[FW*c ..]
+ * for NI rows (nvalid of them real) and NV vectors of head dim. Same FMA
+ * chain per element as core 2 computes for dq^T in pass 2. */
+F_INLINE void f_dq_tile(float *dq, int64_t qstride, int64_t nvalid, const float *ds, const float *k, int64_t kvstride,
+                        int64_t nk, const int NI, const int NV) {
+  fv acc[FA][4];
+  const float *dsr[FA];
+  for (int r = 0; r < NI; r++) {
+    const int64_t rr = min64(r, nvalid - 1);
+    dsr[r] = ds + rr * FB;
+    for (int c = 0; c < NV; c++) acc[r][c] = fv_loadu(dq + rr * qstride + FW * c);
+  }
+  for (int64_t j = 0; j < nk; j++, k += kvstride) {
+    fv t[4];
+    for (int c = 0; c < NV; c++) t[c] = fv_loadu(k + FW * c);
+    for (int r = 0; r < NI; r++) {
+      const fv x = fv_set1(dsr[r][j]);
+      for (int c = 0; c < NV; c++) acc[r][c] = fv_fmadd(x, t[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < NI && r < nvalid; r++)
+    for (int c = 0; c < NV; c++) fv_storeu(dq + r * qstride + FW * c, acc[r][c]);
+}
+
+static void f_dq_rows(float *dq, int64_t qstride, int64_t nq, const float *ds, const float *k, int64_t kvstride,
+                      int64_t nk, int64_t D) {
+  /* FA accumulators per call whatever the head dim: FA rows x 1 vector at
+   * head_dim FW, FA/4 x 4 from 4*FW up. */
+  for (int64_t c0 = 0; c0 < D / FW;) {
+    const int64_t left = D / FW - c0;
+    for (int64_t i = 0; i < nq; i += left >= 4 ? FA / 4 : left >= 2 ? FA / 2 : FA) {
+      float *dqi = dq + i * qstride + FW * c0;
+      const float *dsi = ds + i * FB, *kc = k + FW * c0;
+      if (left >= 4)
+        f_dq_tile(dqi, qstride, nq - i, dsi, kc, kvstride, nk, FA / 4, 4);
+      else if (left >= 2)
+        f_dq_tile(dqi, qstride, nq - i, dsi, kc, kvstride, nk, FA / 2, 2);
+      else
+        f_dq_tile(dqi, qstride, nq - i, dsi, kc, kvstride, nk, FA, 1);
+    }
+    c0 += left >= 4 ? 4 : left >= 2 ? 2 : 1;
+  }
+}
 
 /* A block of n <= 64 rows (row i at src + i * stride) turned so rows lie in
  * lanes: tile[d][i] = mul * row_i[d], zero for the padding rows n .. 63. */
 static void f_pack_transposed(const float *src, int64_t stride, int64_t n, int64_t D, float mul, float *tile) {
-  const __m512 m = _mm512_set1_ps(mul);
-  for (int64_t i0 = 0; i0 < FB; i0 += 16)
-    for (int64_t d0 = 0; d0 < D; d0 += 16) {
-      __m512 r[16];
-      for (int64_t i = 0; i < 16; i++)
-        r[i] = i0 + i < n ? _mm512_mul_ps(_mm512_loadu_ps(src + (i0 + i) * stride + d0), m) : _mm512_setzero_ps();
-      f_transpose16(r);
-      for (int64_t d = 0; d < 16; d++) _mm512_store_ps(tile + (d0 + d) * FB + i0, r[d]);
+  const fv m = fv_set1(mul);
+  for (int64_t i0 = 0; i0 < FB; i0 += FW)
+    for (int64_t d0 = 0; d0 < D; d0 += FW) {
+      fv r[FW];
+      for (int64_t i = 0; i < FW; i++)
+        r[i] = i0 + i < n ? fv_mul(fv_loadu(src + (i0 + i) * stride + d0), m) : fv_zero();
+      fv_transpose(r);
+      for (int64_t d = 0; d < FW; d++) fv_store(tile + (d0 + d) * FB + i0, r[d]);
     }
 }
 
@@ -472,16 +592,16 @@ static void f_pack_transposed(const float *src, int64_t stride, int64_t n, int64
  * (lane may be NULL). */
 static void f_unpack_transposed(const float *tile, const float *lane, float mul, int64_t n, int64_t D, float *dst,
                                 int64_t stride) {
-  const __m512 m = _mm512_set1_ps(mul);
-  for (int64_t i0 = 0; i0 < n; i0 += 16)
-    for (int64_t d0 = 0; d0 < D; d0 += 16) {
-      __m512 r[16];
-      for (int64_t d = 0; d < 16; d++) {
-        r[d] = _mm512_mul_ps(_mm512_load_ps(tile + (d0 + d) * FB + i0), m);
-        if (lane) r[d] = _mm512_mul_ps(r[d], _mm512_load_ps(lane + i0));
+  const fv m = fv_set1(mul);
+  for (int64_t i0 = 0; i0 < n; i0 += FW)
+    for (int64_t d0 = 0; d0 < D; d0 += FW) {
+      fv r[FW];
+      for (int64_t d = 0; d < FW; d++) {
+        r[d] = fv_mul(fv_load(tile + (d0 + d) * FB + i0), m);
+        if (lane) r[d] = fv_mul(r[d], fv_load(lane + i0));
       }
-      f_transpose16(r);
-      for (int64_t i = 0; i < 16 && i0 + i < n; i++) _mm512_storeu_ps(dst + (i0 + i) * stride + d0, r[i]);
+      fv_transpose(r);
+      for (int64_t i = 0; i < FW && i0 + i < n; i++) fv_storeu(dst + (i0 + i) * stride + d0, r[i]);
     }
 }
 
@@ -490,14 +610,31 @@ static void f_unpack_transposed(const float *tile, const float *lane, float mul,
  * statistics from here, so they agree to the bit. */
 static void f_block_stats(const f_args *g, int64_t b, int64_t h, int64_t t0, int64_t nq, float *lse2, float *di) {
   const att_dims *a = &g->a;
+  for (int64_t i = 0; i < FB; i++) lse2[i] = g->lse[lse_at(a, b, h, t0 + min64(i, nq - 1))] * (float)ATT_LOG2E;
+#if defined(ATT_AVX512)
   for (int64_t i = 0; i < FB; i++) {
-    const int64_t t = t0 + min64(i, nq - 1), at = q_at(a, b, t, h);
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t d = 0; d < a->D; d += 16)
-      acc = _mm512_fmadd_ps(_mm512_loadu_ps(g->dout + at + d), _mm512_loadu_ps(g->o + at + d), acc);
-    di[i] = _mm512_reduce_add_ps(acc);
-    lse2[i] = g->lse[lse_at(a, b, h, t)] * (float)ATT_LOG2E;
+    const int64_t at = q_at(a, b, t0 + min64(i, nq - 1), h);
+    fv acc = fv_zero();
+    for (int64_t d = 0; d < a->D; d += FW) acc = fv_fmadd(fv_loadu(g->dout + at + d), fv_loadu(g->o + at + d), acc);
+    di[i] = fv_sum(acc);
   }
+#else
+  /* One FMA chain over d in increasing order, as the matmul cores compute
+   * dP = dO.v: where a row's output is one value row (all its weight on one
+   * key, e.g. T = S = 1), dP - Di then cancels exactly instead of leaving a
+   * rounding residue in dS. Eight rows at a time, so the chains overlap. */
+  for (int64_t i0 = 0; i0 < FB; i0 += 8) {
+    const float *x[8], *y[8];
+    float s[8];
+    for (int r = 0; r < 8; r++) {
+      const int64_t at = q_at(a, b, t0 + min64(i0 + r, nq - 1), h);
+      x[r] = g->dout + at, y[r] = g->o + at, s[r] = 0.0f;
+    }
+    for (int64_t d = 0; d < a->D; d++)
+      for (int r = 0; r < 8; r++) s[r] = fmaf(x[r][d], y[r][d], s[r]);
+    for (int r = 0; r < 8; r++) di[i0 + r] = s[r];
+  }
+#endif
 }
 
 static void f_fwd_block(const f_args *g, int64_t b, int64_t h, int64_t qb) {
@@ -510,43 +647,45 @@ static void f_fwd_block(const f_args *g, int64_t b, int64_t h, int64_t qb) {
    * probabilities, of one key block (key rows, queries in lanes). */
   _Alignas(64) float qt[ATT_DMAX * FB], ot[ATT_DMAX * FB], st[FB * FB];
   _Alignas(64) float mf[FB], lf[FB];
-  const __m512 neg = _mm512_set1_ps(F_NEG);
+  const fv neg = fv_set1(F_NEG);
 
   f_pack_transposed(g->q + q_at(a, b, t0, h), qstride, nq, D, g->c, qt);
   memset(ot, 0, sizeof(float) * (size_t)(D * FB));
-  __m512 m[FV], l[FV];
+  fv m[FV], l[FV];
   for (int c = 0; c < FV; c++) {
     m[c] = neg;
-    l[c] = _mm512_setzero_ps();
+    l[c] = fv_zero();
   }
   const int64_t kend = key_end(a, t0 + nq - 1);
   for (int64_t k0 = 0; k0 < kend; k0 += FB) {
     const int64_t nk = min64(FB, a->S - k0);
     const int masked = nk < FB || (a->causal && k0 + FB - 1 > t0 + a->off);
-    __m512 mx[FV];
+    fv mx[FV];
     for (int c = 0; c < FV; c++) mx[c] = m[c];
     for (int64_t j = 0; j < nk; j += 4) {
       const float *rows[4];
-      __m512 acc[4][FV];
       for (int r = 0; r < 4; r++) rows[r] = kbase + min64(k0 + j + r, k0 + nk - 1) * kvstride;
-      f_rows_x_tile(rows, qt, D, acc);
-      for (int r = 0; r < 4; r++) {
-        /* key k0+j+r is visible to the queries (lanes) i >= thr */
-        const int64_t thr = j + r >= nk ? FB : a->causal ? k0 + j + r - t0 - a->off : 0;
-        const __m512i vthr = _mm512_set1_epi32(f_clamp_lane(thr));
-        for (int c = 0; c < FV; c++) {
-          __m512 x = acc[r][c];
-          if (masked) x = _mm512_mask_blend_ps(_mm512_cmpge_epi32_mask(f_iota(c), vthr), neg, x);
-          _mm512_store_ps(st + (j + r) * FB + 16 * c, x);
-          mx[c] = _mm512_max_ps(mx[c], x);
+      for (int cg = 0; cg < FV; cg += FC) {
+        fv acc[4][FC];
+        f_rows_x_tile(rows, qt + FW * cg, D, acc);
+        for (int r = 0; r < 4; r++) {
+          /* key k0+j+r is visible to the queries (lanes) i >= thr */
+          const int64_t thr = j + r >= nk ? FB : a->causal ? k0 + j + r - t0 - a->off : 0;
+          const fvi vthr = fv_seti(f_clamp_lane(thr));
+          for (int c = 0; c < FC; c++) {
+            fv x = acc[r][c];
+            if (masked) x = fv_keep_ge(x, fv_iota(cg + c), vthr, neg);
+            fv_store(st + (j + r) * FB + FW * (cg + c), x);
+            mx[cg + c] = fv_max(mx[cg + c], x);
+          }
         }
       }
     }
-    __m512 alpha[FV], sum[FV];
+    fv alpha[FV], sum[FV];
     for (int c = 0; c < FV; c++) {
-      alpha[c] = f_exp2(_mm512_sub_ps(m[c], mx[c]));
+      alpha[c] = fv_exp2(fv_sub(m[c], mx[c]));
       m[c] = mx[c];
-      sum[c] = _mm512_setzero_ps();
+      sum[c] = fv_zero();
     }
     for (int64_t j = 0; j < nk; j++) {
       if (k0 + FB + j < kend) {
@@ -554,17 +693,17 @@ static void f_fwd_block(const f_args *g, int64_t b, int64_t h, int64_t qb) {
         f_prefetch_row(vbase + (k0 + FB + j) * kvstride, D);
       }
       for (int c = 0; c < FV; c++) {
-        const __m512 p = f_exp2(_mm512_sub_ps(_mm512_load_ps(st + j * FB + 16 * c), m[c]));
-        _mm512_store_ps(st + j * FB + 16 * c, p);
-        sum[c] = _mm512_add_ps(sum[c], p);
+        const fv p = fv_exp2(fv_sub(fv_load(st + j * FB + FW * c), m[c]));
+        fv_store(st + j * FB + FW * c, p);
+        sum[c] = fv_add(sum[c], p);
       }
     }
-    for (int c = 0; c < FV; c++) l[c] = _mm512_fmadd_ps(l[c], alpha[c], sum[c]);
+    for (int c = 0; c < FV; c++) l[c] = fv_fmadd(l[c], alpha[c], sum[c]);
     for (int64_t d0 = 0; d0 < D; d0 += 4) f_sum_rows(ot + d0 * FB, vbase + k0 * kvstride + d0, kvstride, nk, st, alpha);
   }
   for (int c = 0; c < FV; c++) {
-    _mm512_store_ps(mf + 16 * c, m[c]);
-    _mm512_store_ps(lf + 16 * c, l[c]);
+    fv_store(mf + FW * c, m[c]);
+    fv_store(lf + FW * c, l[c]);
   }
   for (int64_t i = 0; i < FB; i++) {
     const int seen = i < nq && key_end(a, t0 + i) > 0;
@@ -586,7 +725,7 @@ static void f_bwd_kv_block(const f_args *g, int64_t b, int64_t kvh, int64_t kb, 
   const float *krow0 = g->k + kv_at(a, b, k0, kvh), *vrow0 = g->v + kv_at(a, b, k0, kvh);
   _Alignas(64) float kt[ATT_DMAX * FB], vt[ATT_DMAX * FB], dkt[ATT_DMAX * FB], dvt[ATT_DMAX * FB];
   _Alignas(64) float p[FB * FB], ds[FB * FB], lse2[FB], di[FB];
-  const __m512 cv = _mm512_set1_ps(g->c);
+  const fv cv = fv_set1(g->c);
 
   f_pack_transposed(krow0, kvstride, nk, D, 1.0f, kt);
   f_pack_transposed(vrow0, kvstride, nk, D, 1.0f, vt);
@@ -601,7 +740,6 @@ static void f_bwd_kv_block(const f_args *g, int64_t b, int64_t kvh, int64_t kb, 
       f_block_stats(g, b, h, t0, nq, lse2, di);
       for (int64_t i = 0; i < nq; i += 4) {
         const float *rows[4];
-        __m512 acc[4][FV];
         for (int64_t r = i; r < i + 4 && t0 + FB + r < a->T; r++) {
           const int64_t at = q_at(a, b, t0 + FB + r, h);
           f_prefetch_row(g->q + at, D);
@@ -611,27 +749,33 @@ static void f_bwd_kv_block(const f_args *g, int64_t b, int64_t kvh, int64_t kb, 
         }
         /* P = exp2(c * q.k - lse2), 0 where masked (and in lanes >= nk). */
         for (int r = 0; r < 4; r++) rows[r] = qrow0 + min64(i + r, nq - 1) * qstride;
-        f_rows_x_tile(rows, kt, D, acc);
-        for (int r = 0; r < 4; r++) {
-          const int64_t ii = min64(i + r, nq - 1);
-          const __m512 l2 = _mm512_set1_ps(lse2[ii]);
-          /* query t0+ii sees the keys (lanes) j <= lim */
-          const int64_t lim = a->causal ? min64(nk - 1, t0 + ii + a->off - k0) : nk - 1;
-          const __m512i vlim = _mm512_set1_epi32(f_clamp_lane(lim));
-          for (int c = 0; c < FV; c++) {
-            __m512 x = f_exp2(_mm512_fmsub_ps(acc[r][c], cv, l2));
-            if (masked) x = _mm512_maskz_mov_ps(_mm512_cmple_epi32_mask(f_iota(c), vlim), x);
-            _mm512_store_ps(p + (i + r) * FB + 16 * c, x);
+        for (int cg = 0; cg < FV; cg += FC) {
+          fv acc[4][FC];
+          f_rows_x_tile(rows, kt + FW * cg, D, acc);
+          for (int r = 0; r < 4; r++) {
+            const int64_t ii = min64(i + r, nq - 1);
+            const fv l2 = fv_set1(lse2[ii]);
+            /* query t0+ii sees the keys (lanes) j <= lim */
+            const int64_t lim = a->causal ? min64(nk - 1, t0 + ii + a->off - k0) : nk - 1;
+            const fvi vlim = fv_seti(f_clamp_lane(lim));
+            for (int c = 0; c < FC; c++) {
+              fv x = fv_exp2(fv_fmsub(acc[r][c], cv, l2));
+              if (masked) x = fv_keep_le(x, fv_iota(cg + c), vlim);
+              fv_store(p + (i + r) * FB + FW * (cg + c), x);
+            }
           }
         }
         /* dS = P * (dO.v - Di) */
         for (int r = 0; r < 4; r++) rows[r] = dorow0 + min64(i + r, nq - 1) * qstride;
-        f_rows_x_tile(rows, vt, D, acc);
-        for (int r = 0; r < 4; r++) {
-          const __m512 dir = _mm512_set1_ps(di[min64(i + r, nq - 1)]);
-          for (int c = 0; c < FV; c++) {
-            const __m512 pr = _mm512_load_ps(p + (i + r) * FB + 16 * c);
-            _mm512_store_ps(ds + (i + r) * FB + 16 * c, _mm512_mul_ps(pr, _mm512_sub_ps(acc[r][c], dir)));
+        for (int cg = 0; cg < FV; cg += FC) {
+          fv acc[4][FC];
+          f_rows_x_tile(rows, vt + FW * cg, D, acc);
+          for (int r = 0; r < 4; r++) {
+            const fv dir = fv_set1(di[min64(i + r, nq - 1)]);
+            for (int c = 0; c < FC; c++) {
+              const fv pr = fv_load(p + (i + r) * FB + FW * (cg + c));
+              fv_store(ds + (i + r) * FB + FW * (cg + c), fv_mul(pr, fv_sub(acc[r][c], dir)));
+            }
           }
         }
       }
@@ -655,16 +799,16 @@ static void f_bwd_q_block(const f_args *g, int64_t b, int64_t h, int64_t qb) {
   const int64_t qstride = a->Hq * D, kvstride = a->Hkv * D;
   _Alignas(64) float qt[ATT_DMAX * FB], dot[ATT_DMAX * FB], dqt[ATT_DMAX * FB];
   _Alignas(64) float pt[FB * FB], dst[FB * FB], lse2[FB], di[FB];
-  const __m512 cv = _mm512_set1_ps(g->c);
-  __m512 l2[FV], dv[FV];
+  const fv cv = fv_set1(g->c);
+  fv l2[FV], dv[FV];
 
   f_pack_transposed(g->q + q_at(a, b, t0, h), qstride, nq, D, 1.0f, qt);
   f_pack_transposed(g->dout + q_at(a, b, t0, h), qstride, nq, D, 1.0f, dot);
   memset(dqt, 0, sizeof(float) * (size_t)(D * FB));
   f_block_stats(g, b, h, t0, nq, lse2, di);
   for (int c = 0; c < FV; c++) {
-    l2[c] = _mm512_load_ps(lse2 + 16 * c);
-    dv[c] = _mm512_load_ps(di + 16 * c);
+    l2[c] = fv_load(lse2 + FW * c);
+    dv[c] = fv_load(di + FW * c);
   }
   const int64_t kend = key_end(a, t0 + nq - 1);
   for (int64_t k0 = 0; k0 < kend; k0 += FB) {
@@ -673,29 +817,34 @@ static void f_bwd_q_block(const f_args *g, int64_t b, int64_t h, int64_t qb) {
     const float *krow0 = g->k + kv_at(a, b, k0, kvh), *vrow0 = g->v + kv_at(a, b, k0, kvh);
     for (int64_t j = 0; j < nk; j += 4) {
       const float *rows[4];
-      __m512 acc[4][FV];
       for (int64_t r = j; r < j + 4 && k0 + FB + r < kend; r++) {
         f_prefetch_row(krow0 + (FB + r) * kvstride, D);
         f_prefetch_row(vrow0 + (FB + r) * kvstride, D);
       }
       for (int r = 0; r < 4; r++) rows[r] = krow0 + min64(j + r, nk - 1) * kvstride;
-      f_rows_x_tile(rows, qt, D, acc);
-      for (int r = 0; r < 4; r++) {
-        const int64_t thr = j + r >= nk ? FB : a->causal ? k0 + j + r - t0 - a->off : 0;
-        const __m512i vthr = _mm512_set1_epi32(f_clamp_lane(thr));
-        for (int c = 0; c < FV; c++) {
-          __m512 x = f_exp2(_mm512_fmsub_ps(acc[r][c], cv, l2[c]));
-          if (masked) x = _mm512_maskz_mov_ps(_mm512_cmpge_epi32_mask(f_iota(c), vthr), x);
-          _mm512_store_ps(pt + (j + r) * FB + 16 * c, x);
+      for (int cg = 0; cg < FV; cg += FC) {
+        fv acc[4][FC];
+        f_rows_x_tile(rows, qt + FW * cg, D, acc);
+        for (int r = 0; r < 4; r++) {
+          const int64_t thr = j + r >= nk ? FB : a->causal ? k0 + j + r - t0 - a->off : 0;
+          const fvi vthr = fv_seti(f_clamp_lane(thr));
+          for (int c = 0; c < FC; c++) {
+            fv x = fv_exp2(fv_fmsub(acc[r][c], cv, l2[cg + c]));
+            if (masked) x = fv_keep_ge0(x, fv_iota(cg + c), vthr);
+            fv_store(pt + (j + r) * FB + FW * (cg + c), x);
+          }
         }
       }
       for (int r = 0; r < 4; r++) rows[r] = vrow0 + min64(j + r, nk - 1) * kvstride;
-      f_rows_x_tile(rows, dot, D, acc);
-      for (int r = 0; r < 4; r++)
-        for (int c = 0; c < FV; c++) {
-          const __m512 pr = _mm512_load_ps(pt + (j + r) * FB + 16 * c);
-          _mm512_store_ps(dst + (j + r) * FB + 16 * c, _mm512_mul_ps(pr, _mm512_sub_ps(acc[r][c], dv[c])));
-        }
+      for (int cg = 0; cg < FV; cg += FC) {
+        fv acc[4][FC];
+        f_rows_x_tile(rows, dot + FW * cg, D, acc);
+        for (int r = 0; r < 4; r++)
+          for (int c = 0; c < FC; c++) {
+            const fv pr = fv_load(pt + (j + r) * FB + FW * (cg + c));
+            fv_store(dst + (j + r) * FB + FW * (cg + c), fv_mul(pr, fv_sub(acc[r][c], dv[cg + c])));
+          }
+      }
     }
     for (int64_t d0 = 0; d0 < D; d0 += 4) f_sum_rows(dqt + d0 * FB, krow0 + d0, kvstride, nk, dst, NULL);
   }
@@ -743,13 +892,13 @@ static void f_backward(const f_args *g) {
   }
 }
 
-#endif /* ATT_AVX512 */
+#endif /* ATT_FAST */
 
 /* ======================================================================== */
 
 static int use_fast_path(int dtype, int64_t D) {
-#if defined(ATT_AVX512)
-  return dtype == TT_F32 && D > 0 && D % 16 == 0 && D <= ATT_DMAX;
+#if defined(ATT_FAST)
+  return dtype == TT_F32 && D > 0 && D % FW == 0 && D <= ATT_DMAX;
 #else
   (void)dtype;
   (void)D;
@@ -764,7 +913,7 @@ tt_status tt_cpu_attention(int dtype, int64_t B, int64_t T, int64_t S, int64_t H
   if (B <= 0 || T <= 0 || Hq <= 0 || Hkv <= 0) return TT_OK;
   const att_dims a = {B, T, S, Hq, Hkv, D, Hq / Hkv, S - T, causal != 0, scale};
   if (use_fast_path(dtype, D)) {
-#if defined(ATT_AVX512)
+#if defined(ATT_FAST)
     const f_args g = {a, q, k, v, NULL, NULL, NULL, o, lse, NULL, NULL, NULL,
                       (float)(scale * ATT_LOG2E), (float)scale};
     f_forward(&g);
@@ -783,7 +932,7 @@ tt_status tt_cpu_attention_backward(int dtype, int64_t B, int64_t T, int64_t S, 
   if (B <= 0 || Hq <= 0 || Hkv <= 0) return TT_OK;
   const att_dims a = {B, T, S, Hq, Hkv, D, Hq / Hkv, S - T, causal != 0, scale};
   if (use_fast_path(dtype, D)) {
-#if defined(ATT_AVX512)
+#if defined(ATT_FAST)
     const f_args g = {a, q, k, v, o, lse, dout, NULL, NULL, dq, dk, dv, (float)(scale * ATT_LOG2E), (float)scale};
     f_backward(&g);
 #endif
