@@ -311,8 +311,8 @@ static void g_backward(const att_dims *a, int dt, const void *q, const void *k, 
 #define F_INLINE static inline __attribute__((always_inline))
 
 /* The vector layer: FW float lanes per vector, FV vectors per tile row. The
- * code above it is written once; each instruction set gives the same
- * operations. FC is how many of a tile row's vectors one matmul call keeps
+ * kernels after it are written once against it; each instruction set gives
+ * the same operations. FC is how many of a tile row's vectors one matmul call keeps
  * in registers per row (4 rows x FC accumulators, the tile's FC vectors and
  * a broadcast must fit the register file: 32 zmm, 16 ymm). FA is the
  * accumulator count of the dq rows (f_dq_tile). */
