@@ -17,8 +17,9 @@ Measures (bf16 on CUDA):
       eager-bf16    bf16 parameters and optimizer state (no master copy)
       compile-amp   torch.compile of eager-amp (when time is left)
     The model is tests/reference/llama3.py's architecture with SDPA attention
-    (TorchTitan's kernel order), the fused F.rms_norm and real-valued RoPE (bf16 has no complex type), the
-    loss on f32 logits as TorchTitan computes it.
+    (TorchTitan's kernel order), the fused F.rms_norm and real-valued RoPE
+    (bf16 has no complex type), the loss on f32 logits as TorchTitan computes
+    it.
 With --titan-json (bench/gpu.lua --json) it ends with Titan next to PyTorch.
 Every measurement is guarded: one failure prints `error: ...` and the rest go on.
 """
