@@ -8,7 +8,8 @@
 -- cblas_sgemm called directly on the same library with preallocated
 -- buffers; the ratio is the engine's overhead. Attention: forward+backward
 -- GFLOP/s of the fused causal kernel, and its fraction of the 2048^3 sgemm
--- rate. RMSNorm and AdamW: GB/s of the bytes each must move.
+-- rate. RMSNorm, SwiGLU, cross-entropy and AdamW: GB/s of the bytes each
+-- must move (SwiGLU and cross-entropy also take an exp per element).
 package.path = "./bench/?.lua;" .. package.path
 local titan = require("titan")
 local common = require("common")
@@ -125,6 +126,64 @@ end
 common.print_table({ "rmsnorm", "rows x dim", "fwd GB/s (read x, write y)", "bwd GB/s (read x, dy; write dx)" }, {
   norm_row("debug", 2048, 256),
   norm_row("125M", 1024, 768),
+})
+
+-- SwiGLU over the FFN hidden activations: forward reads a, b and writes y;
+-- backward reads a, b, dy and writes da, db.
+local function swiglu_row(label, n)
+  return titan.scope(function()
+    local a = titan.randn({ n }, { seed = 1 })
+    local b = titan.randn({ n }, { seed = 2 })
+    local dy = titan.randn({ n }, { seed = 3 })
+    local t_f = common.best_time(function()
+      titan.scope(function() F.swiglu(a, b) end)
+    end, 10, 2)
+    local t_b = common.best_time(function()
+      local da, db = ffi.new("tt_tensor*[1]"), ffi.new("tt_tensor*[1]")
+      assert(C.tt_op_swiglu_backward(a._c, b._c, dy._c, da, db) == 0)
+      C.tt_tensor_release(da[0])
+      C.tt_tensor_release(db[0])
+    end, 10, 2)
+    return { label, tostring(n), ("%.1f"):format(3 * 4 * n / t_f / 1e9), ("%.1f"):format(5 * 4 * n / t_b / 1e9) }
+  end)
+end
+common.print_table({ "swiglu", "elements", "fwd GB/s (3 x 4 bytes)", "bwd GB/s (5 x 4 bytes)" }, {
+  swiglu_row("debug 8x512 tokens", 8 * 512 * 768),
+  swiglu_row("125M 2x1024 tokens", 2 * 1024 * 2048),
+})
+
+-- Cross-entropy over the vocabulary: forward reads the logits twice (max,
+-- then the sum of exps: counted once here), backward reads them and writes
+-- dlogits.
+local function xent_row(label, N, V)
+  return titan.scope(function()
+    local logits = titan.randn({ N, V }, { seed = 1 })
+    local tv = {}
+    for i = 1, N do tv[i] = (i * 7919) % V end
+    local targets = titan.tensor(tv, { dtype = "int64" })
+    local losses, lse = ffi.new("tt_tensor*[1]"), ffi.new("tt_tensor*[1]")
+    assert(C.tt_op_cross_entropy(logits._c, targets._c, -100, losses, lse, nil) == 0)
+    local dl = titan.full({ N }, 1 / N)
+    local t_f = common.best_time(function()
+      local l2, s2 = ffi.new("tt_tensor*[1]"), ffi.new("tt_tensor*[1]")
+      assert(C.tt_op_cross_entropy(logits._c, targets._c, -100, l2, s2, nil) == 0)
+      C.tt_tensor_release(l2[0])
+      C.tt_tensor_release(s2[0])
+    end, 10, 2)
+    local t_b = common.best_time(function()
+      local dx = ffi.new("tt_tensor*[1]")
+      assert(C.tt_op_cross_entropy_backward(logits._c, targets._c, lse[0], dl._c, -100, dx) == 0)
+      C.tt_tensor_release(dx[0])
+    end, 10, 2)
+    C.tt_tensor_release(losses[0])
+    C.tt_tensor_release(lse[0])
+    local bytes = N * V * 4
+    return { label, ("%dx%d"):format(N, V), ("%.1f"):format(bytes / t_f / 1e9), ("%.1f"):format(2 * bytes / t_b / 1e9) }
+  end)
+end
+common.print_table({ "cross-entropy", "rows x vocab", "fwd GB/s (read logits)", "bwd GB/s (read, write dlogits)" }, {
+  xent_row("debug", 2048, 2048),
+  xent_row("125M", 1024, 32000),
 })
 
 local function adamw_row(label, n)

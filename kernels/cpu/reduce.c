@@ -35,6 +35,7 @@
 
 #include "cpu.h"
 #include "../dtype_conv.h"
+#include "vmath.h"
 
 /* Generic helpers take the dtype as an argument and are always inlined into
  * callers that pass a constant, so each dtype gets its own vectorized loop. */
@@ -550,42 +551,8 @@ TT_INLINE double row_max(const void *x, int dt, int64_t off, int64_t n) {
   return m;
 }
 
-/* expf for vector loops: Cephes' reduction and polynomial (under 1 ulp
- * from the true value over the whole range), branch-free so the compiler
- * vectorizes it; glibc's expf is one call per element, ~10x slower here.
- * NaN passes through, large inputs give inf, very negative ones 0. */
-static inline float f32_bits(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-TT_INLINE float vexpf(float x) {
-  float xs = x != x ? 0.0f : x;
-  xs = xs < -104.0f ? -104.0f : xs;
-  xs = xs > 89.0f ? 89.0f : xs;
-  float kf = xs * 1.44269504088896341f + 12582912.0f; /* + 1.5 * 2^23: round to an integer */
-  kf = kf - 12582912.0f;
-  float r = xs - kf * 0.693359375f; /* ln 2 in two parts (Cody-Waite) */
-  r = r - kf * -2.12194440e-4f;
-  float z = r * r;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * z + r + 1.0f;
-  /* 2^k in two factors, so k in [-150, 129] needs no special case: the
-   * product overflows to inf or rounds into the subnormals by itself. */
-  int32_t k = (int32_t)kf;
-  int32_t k1 = k >> 1, k2 = k - k1;
-  float res = p * f32_bits((uint32_t)(k1 + 127) << 23) * f32_bits((uint32_t)(k2 + 127) << 23);
-  return x != x ? x : res;
-}
-
 /* exp in the input's precision. */
-TT_INLINE double exp_dt(int dt, double a) { return dt == TT_F64 ? exp(a) : (double)vexpf((float)a); }
+TT_INLINE double exp_dt(int dt, double a) { return dt == TT_F64 ? exp(a) : (double)tt_expf((float)a); }
 
 enum { SM_CHUNK = 1024 }; /* exps staged on the stack: a multiple of LANES */
 
@@ -599,7 +566,7 @@ static void softmax_row_f32(int lg, const float *x, float *y, int64_t n) {
   float eb[SM_CHUNK];
   for (int64_t c0 = 0; c0 < n; c0 += SM_CHUNK) {
     int64_t len = min64(SM_CHUNK, n - c0);
-    for (int64_t i = 0; i < len; i++) eb[i] = vexpf(x[c0 + i] - m);
+    for (int64_t i = 0; i < len; i++) eb[i] = tt_expf(x[c0 + i] - m);
     if (!lg)
       for (int64_t i = 0; i < len; i++) y[c0 + i] = eb[i];
     int64_t i = 0;

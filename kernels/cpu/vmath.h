@@ -3,7 +3,9 @@
  *
  * glibc only vectorizes expf under -ffast-math, which we do not use (it
  * would change results elsewhere), so the kernels that exponentiate whole
- * rows (SwiGLU, cross-entropy) call this branch-free version instead.
+ * rows (SwiGLU, cross-entropy, softmax) call this branch-free version
+ * instead. Its selects vectorize only under -fno-trapping-math (set for the
+ * whole build in CMakeLists.txt) or with AVX-512's masked operations.
  */
 #ifndef TT_KERNELS_CPU_VMATH_H
 #define TT_KERNELS_CPU_VMATH_H
@@ -15,7 +17,8 @@
  * polynomial for e^r, and 2^n applied as two exponent-bit factors so that
  * subnormal results and overflow to inf come out right. Within ~1 ulp
  * (checked against exp() over every float in [-110, 90]). Branch-free, so
- * loops calling it vectorize. */
+ * loops calling it vectorize. kernels/cuda/kernel_util.cuh's tt_d_expf is
+ * the same operations, so CPU and GPU agree to the bit. */
 static inline float tt_expf(float x) {
   /* Below -104 the result rounds to 0, above 89 to inf; NaN is parked at
    * -104 so the int conversion stays defined, and passed through at the end. */

@@ -179,30 +179,6 @@ __device__ __forceinline__ float tt_d_expf(float x) {
   return x == x ? __fmul_rn(__fmul_rn(p, s1), s2) : x;
 }
 
-/* kernels/cpu/reduce.c's vexpf (softmax), operation for operation. */
-__device__ __forceinline__ float tt_d_vexpf(float x) {
-  float xs = x != x ? 0.0f : x;
-  xs = xs < -104.0f ? -104.0f : xs;
-  xs = xs > 89.0f ? 89.0f : xs;
-  float kf = __fadd_rn(__fmul_rn(xs, 1.44269504088896341f), 12582912.0f);
-  kf = __fsub_rn(kf, 12582912.0f);
-  float r = __fsub_rn(xs, __fmul_rn(kf, 0.693359375f));
-  r = __fsub_rn(r, __fmul_rn(kf, -2.12194440e-4f));
-  float z = __fmul_rn(r, r);
-  float p = 1.9875691500e-4f;
-  p = __fadd_rn(__fmul_rn(p, r), 1.3981999507e-3f);
-  p = __fadd_rn(__fmul_rn(p, r), 8.3334519073e-3f);
-  p = __fadd_rn(__fmul_rn(p, r), 4.1665795894e-2f);
-  p = __fadd_rn(__fmul_rn(p, r), 1.6666665459e-1f);
-  p = __fadd_rn(__fmul_rn(p, r), 5.0000001201e-1f);
-  p = __fadd_rn(__fadd_rn(__fmul_rn(p, z), r), 1.0f);
-  int32_t k = (int32_t)kf;
-  int32_t k1 = k >> 1, k2 = k - k1;
-  float res = __fmul_rn(__fmul_rn(p, __uint_as_float((uint32_t)(k1 + 127) << 23)),
-                        __uint_as_float((uint32_t)(k2 + 127) << 23));
-  return x != x ? x : res;
-}
-
 /* ---- groups: G lanes (a warp or the whole block) per task ---------------- */
 
 /* Every group-reduced kernel runs TT_CUDA_THREADS threads per block. */

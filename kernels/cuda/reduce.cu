@@ -418,9 +418,9 @@ extern "C" tt_status tt_cuda_sum_to(int dtype, int ndim, const int64_t *shape, c
 
 /* ---- softmax ------------------------------------------------------------------- */
 
-/* exp in the row's compute precision: the CPU's vexpf for f32 (and the
+/* exp in the row's compute precision: the CPU's tt_expf for f32 (and the
  * 16-bit floats, computed in f32), libm's exp for f64. */
-__device__ __forceinline__ float tt_sm_exp(float a) { return tt_d_vexpf(a); }
+__device__ __forceinline__ float tt_sm_exp(float a) { return tt_d_expf(a); }
 __device__ __forceinline__ double tt_sm_exp(double a) { return exp(a); }
 
 /* y = exp(x - max) / sum, or x - max - log(sum); sum in double. y == x is
