@@ -174,11 +174,13 @@ function M.new(cfg, opts)
   -- Metrics.
   mkdir_p(cfg.job.dump_folder)
   local peak = cfg.metrics.peak_flops
-  if peak <= 0 then peak = t.device == "cpu" and metrics.measure_cpu_peak_flops() or 989e12 end
+  local measured = peak <= 0 and t.device == "cpu"
+  if peak <= 0 then peak = measured and metrics.measure_cpu_peak_flops() or 989e12 end
   self.peak_flops = peak
   self.logger = metrics.Logger({
     jsonl_path = cfg.metrics.enable_jsonl and (cfg.job.dump_folder .. "/metrics.jsonl") or nil,
     device = t.device, peak_flops = peak, flops_per_token = flops, rank = self.rank, print = self.print,
+    remeasure_peak = measured and metrics.measure_cpu_peak_flops or nil,
   })
   self.step = 0
 
