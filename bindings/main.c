@@ -25,6 +25,8 @@
 
 static const char *tt_usage =
     "usage: titan SCRIPT.lua [ARGS...]   run a script with the library loaded\n"
+    "       titan RECIPE.lua [--section.key=value ...] [--print-config] [--help]\n"
+    "                                    train a recipe (--help: every config key, value and meaning)\n"
     "       titan -e 'CODE'              run a Lua chunk\n"
     "       titan repl                   interactive prompt (require \"titan\" is preloaded as `titan`)\n"
     "       titan test [CTEST ARGS...]   build and run the whole test suite (ctest)\n"
@@ -156,6 +158,17 @@ int main(int argc, char **argv) {
            "not built",
 #endif
            tt_cuda_device_count(), tt_cuda_device_count() == 1 ? "" : "s");
+    if (tt_cuda_device_count() > 0) {
+      printf("      %s\n", tt_cuda_info());
+      for (int i = 0; i < tt_cuda_device_count(); i++) {
+        int64_t free_b = 0, total_b = 0;
+        tt_device dev = {TT_CUDA, i};
+        if (tt_device_memory_info(dev, &free_b, &total_b) == TT_OK)
+          printf("      cuda:%d: %.1f GiB, %.1f GiB free\n", i, total_b / 1073741824.0, free_b / 1073741824.0);
+        else
+          printf("      cuda:%d: %s\n", i, tt_last_error());
+      }
+    }
     return 0;
   }
   tt_find_root();

@@ -95,6 +95,14 @@ int tt_allow_tf32(void);
 const char *tt_blas_info(void);
 int tt_cuda_available(void);
 int tt_cuda_device_count(void);
+/* "CUDA runtime 13.0, driver 13.0, cuBLASLt ..., cuDNN ..., NCCL ..." (the
+ * libraries this process loaded); "not built (TITAN_CUDA=OFF)" without CUDA. */
+const char *tt_cuda_info(void);
+/* Bytes free and in total on a device: the host's MemAvailable and
+ * MemTotal for cpu, cudaMemGetInfo for cuda (memory Titan's caching
+ * allocator holds counts as used there). TT_ERR_INVALID for meta or a
+ * device that is not there. */
+tt_status tt_device_memory_info(tt_device dev, int64_t *free_bytes, int64_t *total_bytes);
 /* The cuDNN SDPA graph the CUDA backend would build for one attention call,
  * checked without a GPU (docs/cuda.md): the graph is built and finalized,
  * cuDNN's heuristics run for the GPU that `deviceprop_json` describes

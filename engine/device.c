@@ -2,11 +2,14 @@
 #include <omp.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include "internal.h"
 
 #ifdef TITAN_HAVE_CUDA
 int tt_cuda_device_count_impl(void);
+const char *tt_cuda_info_impl(void);
+tt_status tt_cuda_memory_info_impl(int device, int64_t *free_bytes, int64_t *total_bytes);
 #endif
 
 int tt_cuda_device_count(void) {
@@ -20,6 +23,60 @@ int tt_cuda_device_count(void) {
 }
 
 int tt_cuda_available(void) { return tt_cuda_device_count() > 0; }
+
+const char *tt_cuda_info(void) {
+#ifdef TITAN_HAVE_CUDA
+  return tt_cuda_info_impl();
+#else
+  return "not built (TITAN_CUDA=OFF)";
+#endif
+}
+
+/* MemTotal and MemAvailable of /proc/meminfo (kB), else sysconf's pages. */
+static tt_status tt_host_memory_info(int64_t *free_bytes, int64_t *total_bytes) {
+  long long total_kb = -1, avail_kb = -1;
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (f) {
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+      long long v;
+      if (sscanf(line, "MemTotal: %lld kB", &v) == 1) total_kb = v;
+      else if (sscanf(line, "MemAvailable: %lld kB", &v) == 1) avail_kb = v;
+    }
+    fclose(f);
+  }
+  long page = sysconf(_SC_PAGESIZE);
+  if (total_kb < 0) {
+    long n = sysconf(_SC_PHYS_PAGES);
+    if (n <= 0 || page <= 0) return tt_error_set(TT_ERR_UNSUPPORTED, "memory_info: cannot read the host's memory size");
+    total_kb = (long long)n * page / 1024;
+  }
+  if (avail_kb < 0) {
+    long n = sysconf(_SC_AVPHYS_PAGES);
+    avail_kb = n > 0 && page > 0 ? (long long)n * page / 1024 : total_kb;
+  }
+  *total_bytes = (int64_t)total_kb * 1024;
+  *free_bytes = (int64_t)avail_kb * 1024;
+  return TT_OK;
+}
+
+tt_status tt_device_memory_info(tt_device dev, int64_t *free_bytes, int64_t *total_bytes) {
+  if (!free_bytes || !total_bytes) return tt_error_set(TT_ERR_INVALID, "memory_info: NULL output");
+  char name[32];
+  switch (dev.type) {
+    case TT_CPU: return tt_host_memory_info(free_bytes, total_bytes);
+    case TT_CUDA:
+#ifdef TITAN_HAVE_CUDA
+      if (dev.index >= 0 && dev.index < tt_cuda_device_count())
+        return tt_cuda_memory_info_impl(dev.index, free_bytes, total_bytes);
+#endif
+      return tt_error_set(TT_ERR_INVALID, "memory_info: %s: %s", tt_device_name(dev, name, sizeof name),
+                          tt_cuda_device_count() ? "no such ordinal" : "no CUDA device or build");
+    default:
+      return tt_error_set(TT_ERR_INVALID, "memory_info: %s has no memory to report",
+                          tt_device_name(dev, name, sizeof name));
+  }
+}
 
 const tt_kernels *tt_backend(tt_device dev) {
   switch (dev.type) {

@@ -128,6 +128,17 @@ extern "C" int tt_cuda_device_count_impl(void) {
   return n;
 }
 
+extern "C" tt_status tt_cuda_memory_info_impl(int device, int64_t *free_bytes, int64_t *total_bytes) {
+  cudaStream_t s;
+  tt_status st = tt_cuda_select(device, &s);
+  if (st != TT_OK) return st;
+  size_t f = 0, t = 0;
+  TT_CUDA_CHECK(cudaMemGetInfo(&f, &t));
+  *free_bytes = (int64_t)f;
+  *total_bytes = (int64_t)t;
+  return TT_OK;
+}
+
 extern "C" const char *tt_cuda_info_impl(void) {
   static thread_local char buf[160];
   int rt = 0, drv = 0, nccl = 0;

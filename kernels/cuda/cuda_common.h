@@ -23,6 +23,9 @@ __attribute__((format(printf, 2, 3))) tt_status tt_error_set(int status, const c
 
 /* The number of CUDA devices; 0 when the driver or the devices are missing. */
 int tt_cuda_device_count_impl(void);
+/* cudaMemGetInfo on that device: bytes free (what Titan's cache holds counts
+ * as used) and in total. */
+tt_status tt_cuda_memory_info_impl(int device, int64_t *free_bytes, int64_t *total_bytes);
 /* "CUDA runtime 13.0, driver 13.0, cuBLASLt 130000, cuDNN 91300, NCCL 22707". */
 const char *tt_cuda_info_impl(void);
 /* The device's compute stream and its stream reserved for collectives

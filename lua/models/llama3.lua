@@ -38,7 +38,7 @@ function M.args(flavor, overrides)
     local names = {}
     for k in pairs(M.flavors) do names[#names + 1] = k end
     table.sort(names)
-    error(("llama3: unknown flavor '%s'; expected one of %s"):format(tostring(flavor), table.concat(names, ", ")), 2)
+    error(("llama3: unknown flavor '%s'; expected one of %s"):format(tostring(flavor), table.concat(names, ", ")), 0)
   end
   local a = {}
   for k, v in pairs(defaults) do a[k] = v end

@@ -89,6 +89,70 @@ M.defaults = {
   },
 }
 
+-- The sections in the order a recipe reads (help and docs use it).
+M.sections = { "job", "model", "optimizer", "lr_scheduler", "training", "validation", "metrics", "checkpoint",
+  "parallelism", "debug" }
+
+-- One line per key for `titan RECIPE.lua --help` (docs/recipes.md has the
+-- long form). config_spec checks that every key has one.
+M.descriptions = {
+  ["job.description"] = "free text, printed in the banner",
+  ["job.dump_folder"] = "where metrics.jsonl and checkpoints go",
+  ["job.print_config"] = "print the resolved config and exit (also --print-config)",
+  ["model.name"] = "a model family: a file in lua/models/",
+  ["model.flavor"] = "debugmodel, 1B, 3B, 8B, 70B, 405B",
+  ["model.tokenizer"] = "tokenizer.json or tiktoken ranks file (relative to the source tree)",
+  ["optimizer.name"] = "AdamW (the only one)",
+  ["optimizer.lr"] = "peak learning rate",
+  ["optimizer.beta1"] = "AdamW first-moment decay",
+  ["optimizer.beta2"] = "AdamW second-moment decay",
+  ["optimizer.eps"] = "AdamW epsilon",
+  ["optimizer.weight_decay"] = "decoupled weight decay",
+  ["optimizer.no_decay_pattern"] = "Lua pattern of parameter names without weight decay (\"\" = none)",
+  ["lr_scheduler.warmup_steps"] = "linear warmup to the full lr",
+  ["lr_scheduler.decay_ratio"] = "fraction of steps spent decaying (WSD); -1: all steps after warmup",
+  ["lr_scheduler.decay_type"] = "linear, sqrt or cosine",
+  ["lr_scheduler.min_lr_factor"] = "the lr decays to min_lr_factor * lr",
+  ["training.dataset"] = "fortunes, text, jsonl or bin",
+  ["training.dataset_path"] = "comma-separated files (text/jsonl/bin); fortunes: another corpus folder",
+  ["training.local_batch_size"] = "sequences per micro-batch",
+  ["training.global_batch_tokens"] = "tokens per optimizer step (gradient accumulation); -1: one micro-batch",
+  ["training.seq_len"] = "tokens per sequence",
+  ["training.steps"] = "optimizer steps to train",
+  ["training.max_norm"] = "clip gradients to this global norm (0 = off)",
+  ["training.seed"] = "seeds weights, data order and sampling",
+  ["training.device"] = "cpu, cuda or cuda:N",
+  ["training.mixed_precision_param"] = "float32, bfloat16 (f32 master weights in AdamW) or float64",
+  ["training.mixed_precision_reduce"] = "dtype of cross-rank gradient reduction (float32)",
+  ["training.threads"] = "CPU threads; -1: OMP_NUM_THREADS or all cores",
+  ["training.shuffle"] = "seeded shuffle of the training windows",
+  ["training.cuda_graphs"] = "replay forward+backward and the update from CUDA graphs (cuda only)",
+  ["training.allow_tf32"] = "f32 matmuls on CUDA use TF32 tensor cores",
+  ["validation.enable"] = "held-out loss during training",
+  ["validation.freq"] = "every this many steps",
+  ["validation.steps"] = "batches per validation",
+  ["validation.split"] = "fraction of documents held out",
+  ["metrics.log_freq"] = "a log line every N steps (and at the first and last)",
+  ["metrics.enable_jsonl"] = "write <dump_folder>/metrics.jsonl",
+  ["metrics.peak_flops"] = "FLOP/s of one device for MFU; -1: measured (CPU) or the GPU's table value",
+  ["checkpoint.enable"] = "save checkpoints",
+  ["checkpoint.folder"] = "under job.dump_folder (or absolute)",
+  ["checkpoint.interval"] = "save every N steps (and at the last)",
+  ["checkpoint.load_step"] = "resume from this step; -1: the latest complete one",
+  ["checkpoint.keep_latest_k"] = "keep the newest k checkpoints (0 = all)",
+  ["checkpoint.async_mode"] = "disabled or async (written by a background thread)",
+  ["checkpoint.last_save_model_only"] = "the final save holds the model only",
+  ["checkpoint.export_dtype"] = "float32 or bfloat16: dtype of a model-only final save",
+  ["checkpoint.exclude_from_loading"] = "comma-separated: dataloader, optimizer, lr_scheduler",
+  ["checkpoint.initial_load_path"] = "start from this checkpoint when the folder has none",
+  ["checkpoint.initial_load_model_only"] = "from initial_load_path load the model only",
+  ["checkpoint.create_seed_checkpoint"] = "initialize, save step 0, exit",
+  ["parallelism.dp_shard"] = "data-parallel shards; -1: all ranks (one process today: -1 or 1)",
+  ["parallelism.tp"] = "tensor-parallel degree (one process today: 1)",
+  ["parallelism.pp"] = "pipeline-parallel stages (one process today: 1)",
+  ["debug.deterministic"] = "same seed, same bits on a GPU (deterministic cuDNN engines only)",
+}
+
 local function sorted_keys(t)
   local k = {}
   for name in pairs(t) do k[#k + 1] = name end
@@ -271,10 +335,35 @@ function M.validate(cfg)
   require("titan.checkpoint.manager").new(cfg.checkpoint, {})
 end
 
--- The resolved config as a Lua table literal (sections and keys sorted).
+-- `titan RECIPE.lua --help`: the usage line, then every key with this
+-- recipe's value and its one-line meaning, grouped by section.
+function M.help(cfg, script)
+  local lines = {
+    ("usage: titan %s [--section.key=value ...] [--print-config] [--help]"):format(script or "RECIPE.lua"),
+    "keys, with this recipe's values (docs/recipes.md explains each):",
+  }
+  for _, sec in ipairs(M.sections) do
+    lines[#lines + 1] = ""
+    for _, k in ipairs(sorted_keys(M.defaults[sec])) do
+      local v = cfg[sec][k]
+      -- strings a shell would split or that are empty are shown quoted
+      local val = (type(v) == "string" and not v:match("^[%w%._/:,%-%+]+$")) and ("%q"):format(v) or tostring(v)
+      local shown, what = ("  --%s.%s=%s"):format(sec, k, val), M.descriptions[sec .. "." .. k] or ""
+      if #shown > 50 then
+        lines[#lines + 1] = shown
+        lines[#lines + 1] = (" "):rep(53) .. what
+      else
+        lines[#lines + 1] = ("%-52s %s"):format(shown, what)
+      end
+    end
+  end
+  return table.concat(lines, "\n")
+end
+
+-- The resolved config as a Lua table literal (sections in recipe order, keys sorted).
 function M.dump(cfg)
   local lines = { "{" }
-  for _, sec in ipairs(sorted_keys(M.defaults)) do
+  for _, sec in ipairs(M.sections) do
     lines[#lines + 1] = ("  %s = {"):format(sec)
     for _, k in ipairs(sorted_keys(M.defaults[sec])) do
       local v = cfg[sec][k]

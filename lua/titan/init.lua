@@ -6,6 +6,7 @@
 --   t:backward()              gradients into .grad of leaves
 --   titan.nn, titan.F         modules and differentiable primitives
 --   titan.memory_stats()      the caching allocators' statistics (per device, and "pinned")
+--   titan.memory_info(dev)    the device's own free and total bytes
 --   titan.synchronize(dev)    wait for a device; raise its deferred index errors
 local tffi = require("titan.ffi")
 local tensor = require("titan.tensor")
@@ -94,6 +95,13 @@ function titan.memory_stats(device)
     num_ooms = tonumber(stats.num_ooms),
     pending = tonumber(stats.pending), -- freed, waiting for another stream's work before reuse
   }
+end
+-- memory_info("cpu" | "cuda:N") -> free, total bytes of the device itself (the host's MemAvailable and
+-- MemTotal; on CUDA, cudaMemGetInfo: what the caching allocator holds counts as used)
+local mem_free, mem_total = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+function titan.memory_info(device)
+  tffi.check(C.tt_device_memory_info(tensor.device_of(device), mem_free, mem_total), 2)
+  return tonumber(mem_free[0]), tonumber(mem_total[0])
 end
 function titan.reset_peak_memory(device) C.tt_memory_reset_peak(tensor.device_of(device)) end
 function titan.empty_cache(device)

@@ -6,14 +6,11 @@ local M = {}
 
 M.now = require("titan.clock").now
 
--- Total host memory, for the memory percentage on the CPU.
-function M.host_memory_bytes()
-  local f = io.open("/proc/meminfo", "r")
-  if not f then return nil end
-  local text = f:read("*a")
-  f:close()
-  local kb = text:match("MemTotal:%s+(%d+)")
-  return kb and tonumber(kb) * 1024 or nil
+-- The device's total memory in bytes (the host's for cpu), for the memory
+-- percentage; nil where it cannot be read.
+function M.device_memory_bytes(device)
+  local ok, _, total = pcall(titan.memory_info, device)
+  return ok and total or nil
 end
 
 -- Peak FLOP/s of this CPU, measured: the best of a few 2048^3 sgemm calls
@@ -42,7 +39,7 @@ Logger.__index = Logger
 function M.Logger(opts)
   local self = setmetatable({ opts = opts, t_start = M.now(), t_last = M.now(), tokens_since = 0 }, Logger)
   self.print = opts.print or function(line) io.stdout:write(line, "\n"); io.stdout:flush() end
-  self.mem_total = opts.device == "cpu" and M.host_memory_bytes() or nil
+  self.mem_total = M.device_memory_bytes(opts.device or "cpu")
   if opts.jsonl_path then
     local f, err = io.open(opts.jsonl_path, "a")
     if not f then error("metrics: cannot open " .. opts.jsonl_path .. ": " .. tostring(err), 0) end

@@ -93,8 +93,23 @@ Trainer.__index = Trainer
 M.Trainer = Trainer
 
 local function mkdir_p(path)
-  local ok = os.execute(("mkdir -p '%s'"):format(path:gsub("'", "'\\''")))
-  if ok ~= 0 and ok ~= true then error("trainer: cannot create folder " .. path, 0) end
+  local ok, err = pcall(require("titan.checkpoint.fs").mkdirs, path)
+  if not ok then error(("trainer: job.dump_folder: %s"):format((tostring(err):gsub("^checkpoint: ", ""))), 0) end
+end
+
+-- The parallelism section names TorchTitan's degrees so recipes carry them,
+-- but this trainer runs one process on one device: a degree above 1 would
+-- otherwise be ignored and the job would train something else than asked.
+local function check_parallelism(p)
+  local function refuse(key, v, what, expected)
+    error(("trainer: parallelism.%s = %s, but this trainer runs one process on one device (%s comes with the "
+      .. "distributed work); expected %s"):format(key, tostring(v), what, expected), 0)
+  end
+  if p.tp ~= 1 then refuse("tp", p.tp, "tensor parallelism", "parallelism.tp=1") end
+  if p.pp ~= 1 then refuse("pp", p.pp, "pipeline parallelism", "parallelism.pp=1") end
+  if p.dp_shard ~= -1 and p.dp_shard ~= 1 then
+    refuse("dp_shard", p.dp_shard, "data parallelism", "parallelism.dp_shard=-1 or 1")
+  end
 end
 
 -- opts.print: where log lines go (default stdout).
@@ -112,6 +127,7 @@ function M.new(cfg, opts)
     error(("trainer: training.device = %s, but %s"):format(t.device, titan.C.tt_cuda_device_count() == 0 and
       "no CUDA device is visible (or titan was built without TITAN_CUDA)" or "that device does not exist"), 0)
   end
+  check_parallelism(cfg.parallelism)
   self.rank, self.world = 0, 1 -- data parallelism arrives with the distributed work
 
   -- Model: built on meta first, so the size check costs nothing.
@@ -120,13 +136,18 @@ function M.new(cfg, opts)
     overrides = { max_seq_len = math.max(t.seq_len, family.args(cfg.model.flavor).max_seq_len) } })
   local flops, nparams = family.flops_per_token(model, t.seq_len)
   local bytes_per = ({ float32 = 4, float64 = 8, bfloat16 = 2 })[t.mixed_precision_param] or 4
-  -- weights + gradients + two f32 AdamW moments
-  local need = nparams * (2 * bytes_per + 8)
-  if t.device == "cpu" and need > 0.8 * (metrics.host_memory_bytes() or math.huge) then
+  -- weights + gradients + two f32 AdamW moments (+ f32 master weights under bf16)
+  local need = nparams * (2 * bytes_per + 8 + (bytes_per < 4 and 4 or 0))
+  -- The host's memory is shared with the OS and the data: 80% of it. A GPU's
+  -- activations come on top; past its total the job cannot start at all.
+  local total = metrics.device_memory_bytes(t.device)
+  local limit = total and (t.device == "cpu" and 0.8 * total or total)
+  if limit and need > limit then
     error(("trainer: %s %s has %.2fB parameters and needs ~%.0f GiB for weights, gradients and optimizer state "
-      .. "in %s, but this machine has %.0f GiB; train it on GPUs (training.device=cuda with parallelism.*), "
-      .. "or pick a smaller flavor"):format(cfg.model.name, cfg.model.flavor, nparams / 1e9, need / 2 ^ 30, t.mixed_precision_param,
-      (metrics.host_memory_bytes() or math.huge) / 2 ^ 30), 0)
+      .. "in %s, but %s has %.0f GiB; %s"):format(cfg.model.name, cfg.model.flavor, nparams / 1e9, need / 2 ^ 30,
+      t.mixed_precision_param, t.device == "cpu" and "this machine" or t.device, total / 2 ^ 30,
+      t.device == "cpu" and "train it on GPUs (training.device=cuda), or pick a smaller flavor"
+      or "it needs sharding over several GPUs (the distributed work), or pick a smaller flavor"), 0)
   end
   model:to_empty(t.device)
   family.init_weights(model, t.seed)
@@ -188,6 +209,7 @@ function M.new(cfg, opts)
   -- this run only creates the seed checkpoint.
   self.checkpoint = ckpt.Manager(cfg.checkpoint, { dump_folder = cfg.job.dump_folder, rank = self.rank,
     world = self.world, log = function(line) self.print(line) end })
+  self.checkpoint:prepare()
   if not cfg.checkpoint.create_seed_checkpoint then
     local state = self:ckpt_state()
     local s = self.checkpoint:load(state)
@@ -339,6 +361,14 @@ end
 
 -- Entry point: a recipe table and the command-line arguments.
 function M.run(recipe, argv)
+  local rest, help = {}, false
+  for _, a in ipairs(argv or {}) do
+    if a == "--help" or a == "-h" then help = true else rest[#rest + 1] = a end
+  end
+  if help then
+    print(config.help(config.resolve(recipe, rest), arg and arg[0]))
+    return {}
+  end
   local cfg = config.resolve(recipe, argv)
   if cfg.job.print_config then
     print(config.dump(cfg))

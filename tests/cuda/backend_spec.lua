@@ -69,6 +69,31 @@ describe("cuda backend", function()
     assert.are.equal(s0.allocated, titan.memory_stats("cuda:0").allocated)
   end)
 
+  it("memory_info reports the device's free and total bytes; the trainer refuses a model beyond them", function()
+    titan.empty_cache("cuda:0")
+    local free0, total = titan.memory_info("cuda:0")
+    assert.truthy(total > 2 ^ 30 and free0 > 0 and free0 <= total, ("free %d of %d"):format(free0, total))
+    -- a fresh 256 MiB block comes from the device: its free bytes drop by as much
+    local t = titan.empty({ 64 * 2 ^ 20 }, { device = "cuda" })
+    local free1 = titan.memory_info("cuda")
+    assert.truthy(free0 - free1 >= 256 * 2 ^ 20, ("free %d -> %d"):format(free0, free1))
+    t:free()
+    titan.empty_cache("cuda:0")
+    -- Llama 3 405B needs ~6 TiB for weights, gradients and AdamW state: one
+    -- line saying so before anything is allocated (the model is built on meta)
+    local config, trainer = require("titan.config"), require("titan.trainer")
+    local cfg = config.resolve(config.load_recipe("llama3_debugmodel"), { "--model.flavor=405B",
+      "--training.device=cuda", "--training.mixed_precision_param=bfloat16", "--metrics.peak_flops=1e12" })
+    collectgarbage()
+    collectgarbage() -- earlier cases' garbage tensors go now, not during trainer.new
+    local before = titan.memory_stats("cuda:0").allocated
+    local ok, err = pcall(trainer.new, cfg, { print = function() end })
+    assert.falsy(ok)
+    assert.truthy(tostring(err):find("405B has 405.85B parameters and needs ~6048 GiB", 1, true), tostring(err))
+    assert.truthy(tostring(err):find("but cuda has %d+ GiB"), tostring(err))
+    assert.are.equal(before, titan.memory_stats("cuda:0").allocated)
+  end)
+
   -- A block the communication stream used (record_stream) is not reused
   -- before an event recorded on that stream when it was freed has completed:
   -- it waits as "pending" (still reserved, no longer allocated), the next

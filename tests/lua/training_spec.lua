@@ -137,27 +137,94 @@ describe("bad recipes", function()
     local cases = {
       { write("return { training = { steps = 'ten' } }"), "training.steps expects a number" },
       { write("return { training = { stpes = 10 } }"), "unknown key 'training.stpes' in the recipe; nearest valid keys: training.steps" },
-      { write("return { training = { steps = 10 }"), "expected" }, -- truncated: a syntax error
+      { write("return { training = { steps = 10 }"), "expected", at = true }, -- truncated: a syntax error, at its line
       { write("return { base = 'no_such_recipe' }"), "cannot load recipe" },
       { write("return { model = { flavor = 'XXL' } }"), "unknown flavor 'XXL'" },
       { write("return { model = { tokenizer = '/nonexistent/tok.json' } }"), "/nonexistent/tok.json" },
       { write("return { training = { dataset_path = '/nonexistent' } }"),
         "the fortunes corpus is missing (/nonexistent/fortunes)" },
     }
+    -- a plain file where a folder must be made: mkdir fails for root too
+    local file = os.tmpname()
+    local debug = "lua/recipes/llama3_debugmodel.lua "
+    local cmdline = {
+      { debug .. "--parallelism.tp=2", "parallelism.tp = 2, but this trainer runs one process on one device" },
+      { debug .. "--parallelism.pp=4", "parallelism.pp = 4, but this trainer runs one process on one device" },
+      { debug .. "--parallelism.dp_shard=8", "expected parallelism.dp_shard=-1 or 1" },
+      { debug .. "--model.flavor=405B", "llama3 405B has 405.85B parameters and needs ~6048 GiB" },
+      { debug .. "--job.dump_folder=" .. file .. "/out", "job.dump_folder: cannot create folder " .. file .. "/out" },
+      { debug .. "--checkpoint.enable --checkpoint.folder=" .. file .. "/ckpt",
+        "checkpoint: cannot create folder " .. file .. "/ckpt" }, -- at start-up, before any step
+    }
+    for _, c in ipairs(cmdline) do cases[#cases + 1] = { c[1], c[2], keep = true } end
     for _, c in ipairs(cases) do
-      local out, rc = titan_run(c[1] .. " --job.dump_folder=/tmp/titan-bad-recipe --metrics.peak_flops=1e11")
-      os.remove(c[1])
+      local args = c[1] .. " --job.dump_folder=/tmp/titan-bad-recipe --metrics.peak_flops=1e11"
+      if c[1]:find("dump_folder", 1, true) then args = c[1] end
+      local out, rc = titan_run(args)
+      if not c.keep then os.remove(c[1]) end
       assert.are.equal(1, rc, out)
       assert.truthy(out:find(c[2], 1, true), ("expected %q in %q"):format(c[2], out))
       local lines = select(2, out:gsub("\n", ""))
       assert.are.equal(1, lines, "one line: " .. out)
+      if not c.at then assert.falsy(out:find("%.lua:%d+:"), "no Lua source position: " .. out) end
     end
+    os.remove(file)
     local out, rc = titan_run("lua/recipes/llama3_debugmodel.lua --training.steps=x")
     assert.are.equal(1, rc)
     assert.truthy(out:find("training.steps expects a number, got 'x'", 1, true))
     out, rc = titan_run("lua/recipes/llama3_8b.lua --print-config")
     assert.are.equal(0, rc)
     assert.truthy(out:find('flavor = "8B"', 1, true))
+  end)
+
+  it("--help lists every key with the recipe's value and its meaning, and trains nothing", function()
+    local config = require("titan.config")
+    local out, rc = titan_run("lua/recipes/llama3_debugmodel.lua --training.steps=7 --help")
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:find("^usage: titan lua/recipes/llama3_debugmodel.lua %[%-%-section.key=value"), out)
+    assert.falsy(out:find("step:", 1, true), out)
+    for _, sec in ipairs(config.sections) do
+      for k in pairs(config.defaults[sec]) do
+        assert.truthy(out:find("--" .. sec .. "." .. k .. "=", 1, true), sec .. "." .. k .. " in --help")
+      end
+    end
+    -- the recipe's values and the command line's, quoted where a shell would split them
+    assert.truthy(out:find("--training.steps=7 ", 1, true), out)
+    assert.truthy(out:find("--lr_scheduler.decay_type=cosine ", 1, true), out)
+    assert.truthy(out:find('--job.description="Llama 3 debug model', 1, true), out)
+    assert.truthy(out:find("--training.seq_len=512%s+tokens per sequence"), out)
+    -- a bad override is still reported, not hidden by --help
+    out, rc = titan_run("lua/recipes/llama3_debugmodel.lua --help --training.stpes=7")
+    assert.are.equal(1, rc, out)
+    assert.truthy(out:find("unknown key 'training.stpes'", 1, true), out)
+  end)
+
+  it("every key has a one-line description and a row in docs/recipes.md", function()
+    local config = require("titan.config")
+    local f = assert(io.open(env.root .. "/docs/recipes.md"))
+    local doc = f:read("*a")
+    f:close()
+    local seen = {}
+    for _, sec in ipairs(config.sections) do
+      seen[sec] = true
+      assert.truthy(config.defaults[sec], sec)
+      for k in pairs(config.defaults[sec]) do
+        local full = sec .. "." .. k
+        local d = config.descriptions[full]
+        assert.truthy(type(d) == "string" and #d > 0 and not d:find("\n"), full .. " has a description")
+        -- a row names the key itself, or starts with `section.first` and lists `key` after it
+        local found = doc:find("`" .. full .. "`", 1, true) ~= nil
+        for line in doc:gmatch("[^\n]+") do
+          if line:find("^| `" .. sec .. "%.") and line:find("`" .. k .. "`", 1, true) then found = true end
+        end
+        assert.truthy(found, full .. " in docs/recipes.md")
+      end
+    end
+    for sec in pairs(config.defaults) do assert.truthy(seen[sec], sec .. " in config.sections") end
+    for full in pairs(config.descriptions) do
+      local sec, k = full:match("^([%w_]+)%.([%w_]+)$")
+      assert.truthy(sec and config.defaults[sec] and config.defaults[sec][k] ~= nil, full .. " is a key")
+    end
   end)
 end)
 

@@ -93,6 +93,13 @@ function M.new(cfg, opts)
   return self
 end
 
+-- Creates the checkpoint folder now, so a folder that cannot be made stops
+-- the job at start-up rather than at its first save, hours in.
+function Manager:prepare()
+  if not self.enable or self.rank ~= 0 then return end
+  fs.mkdirs(self.folder) -- its error names the folder and why
+end
+
 function Manager:should_save(step, final)
   if not self.enable then return false end
   return final or (step > 0 and step % self.interval == 0)
