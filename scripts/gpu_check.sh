@@ -486,6 +486,10 @@ cuda_tests_cmd() {
     local t = require("titan")
     print("titan " .. t.version() .. " | cuda available: " .. tostring(t.cuda_available()) .. ", devices: "
       .. t.cuda_device_count() .. " | " .. t.blas_info())
+    if t.cuda_available() then
+      local free, total = t.memory_info("cuda:0")
+      print(t.ffi.string(t.C.tt_cuda_info()) .. (" | cuda:0: %.1f GiB, %.1f GiB free"):format(total / 2 ^ 30, free / 2 ^ 30))
+    end
     if not t.cuda_available() then
       local ffi = require("ffi")
       ffi.cdef("int cudaGetDeviceCount(int *n); const char *cudaGetErrorString(int e);")

@@ -127,6 +127,11 @@ function M.new(cfg, opts)
     error(("trainer: training.device = %s, but %s"):format(t.device, titan.C.tt_cuda_device_count() == 0 and
       "no CUDA device is visible (or titan was built without TITAN_CUDA)" or "that device does not exist"), 0)
   end
+  if t.device == "cpu" and t.mixed_precision_param == "bfloat16" then
+    -- (the CPU's fused kernels are f32/f64: the first RMSNorm would stop the job after the banner)
+    error("trainer: training.mixed_precision_param = bfloat16 needs training.device=cuda; the CPU kernels compute "
+      .. "in float32 or float64 (expected float32 on the CPU)", 0)
+  end
   check_parallelism(cfg.parallelism)
   self.rank, self.world = 0, 1 -- data parallelism arrives with the distributed work
 

@@ -39,6 +39,22 @@ describe("titan executable", function()
     out, rc = run(exe .. " --help")
     assert.are.equal(0, rc)
     assert.truthy(out:find("titan repl") and out:find("titan test"))
+    -- every subcommand written in Lua (lua/titan/cli/<name>.lua) is listed, here and in docs/cli.md
+    local f = assert(io.open("docs/cli.md"))
+    local doc = f:read("*a")
+    f:close()
+    local p = assert(io.popen("ls lua/titan/cli"))
+    local n = 0
+    for file in p:lines() do
+      local name = file:match("^(.+)%.lua$")
+      if name then
+        n = n + 1
+        assert.truthy(out:find("titan " .. name .. " ", 1, true), name .. " in titan --help")
+        assert.truthy(doc:find("`titan " .. name .. " ", 1, true), name .. " in docs/cli.md")
+      end
+    end
+    p:close()
+    assert.truthy(n >= 4, "found the subcommands")
   end)
 
   it("a missing script and a failing script exit non-zero with one line", function()

@@ -152,6 +152,7 @@ describe("bad recipes", function()
       { debug .. "--parallelism.pp=4", "parallelism.pp = 4, but this trainer runs one process on one device" },
       { debug .. "--parallelism.dp_shard=8", "expected parallelism.dp_shard=-1 or 1" },
       { debug .. "--model.flavor=405B", "llama3 405B has 405.85B parameters and needs ~6048 GiB" },
+      { debug .. "--training.mixed_precision_param=bfloat16", "bfloat16 needs training.device=cuda" },
       { debug .. "--job.dump_folder=" .. file .. "/out", "job.dump_folder: cannot create folder " .. file .. "/out" },
       { debug .. "--checkpoint.enable --checkpoint.folder=" .. file .. "/ckpt",
         "checkpoint: cannot create folder " .. file .. "/ckpt" }, -- at start-up, before any step
