@@ -233,14 +233,56 @@ static void tt_mempool_destroy_locked(tt_pool *pool, tt_mempool *mp) {
   free(mp);
 }
 
-static tt_status tt_oom(tt_device dev, size_t rounded, tt_mem_stats s) {
-  char nm[32];
+/* refused: tt_block_alloc turned the request down before malloc (the host
+ * cannot back it), rather than the device's allocator failing. in_pool: a
+ * private pool's request, maybe inside a CUDA-graph capture, where the
+ * device is not asked for its free memory (cudaMemGetInfo is not a call to
+ * make while capturing). */
+static tt_status tt_oom(tt_device dev, size_t rounded, tt_mem_stats s, int refused, int in_pool) {
+  char nm[32], avail[128] = "";
+  int64_t free_b = 0, total_b = 0;
+  if ((!in_pool || dev.type == TT_CPU) && tt_device_memory_info(dev, &free_b, &total_b) == TT_OK) {
+    if (refused)
+      snprintf(avail, sizeof avail, "; more than the host's %.2f MiB available (of %.2f MiB)",
+               (double)free_b / 1048576.0, (double)total_b / 1048576.0);
+    else
+      snprintf(avail, sizeof avail, "; the %s has %.2f MiB available of %.2f MiB", dev.type == TT_CPU ? "host" : "device",
+               (double)free_b / 1048576.0, (double)total_b / 1048576.0);
+  }
+  tt_clear_error();
   return tt_error_set(TT_ERR_OOM,
                       "out of memory on %s: tried to allocate %.2f MiB (allocated %.2f MiB, reserved %.2f MiB, "
-                      "peak %.2f MiB, %lld retries, %lld OOMs)",
+                      "peak %.2f MiB, %lld retries, %lld OOMs)%s",
                       tt_device_name(dev, nm, sizeof nm), (double)rounded / 1048576.0,
                       (double)s.allocated / 1048576.0, (double)s.reserved / 1048576.0,
-                      (double)s.peak_allocated / 1048576.0, (long long)s.num_alloc_retries, (long long)s.num_ooms);
+                      (double)s.peak_allocated / 1048576.0, (long long)s.num_alloc_retries, (long long)s.num_ooms,
+                      avail);
+}
+
+/* A new block from the device. On the CPU, malloc overcommits: a block far
+ * larger than the host can back is handed out and the kernel's OOM killer
+ * ends the process when its pages are touched, with nothing said. So a large
+ * host block (64 MiB and up: the rest cannot matter, and reading
+ * /proc/meminfo on every small miss would) fails here when it exceeds the
+ * host's available memory; the caller then flushes the cache, retries, and
+ * reports out-of-memory with its statistics, as on a GPU. */
+#define TT_HOST_CHECK_BYTES ((size_t)64 << 20)
+static tt_status tt_block_alloc(tt_device dev, const tt_kernels *be, size_t rounded, size_t nbytes, void **p,
+                                int *refused) {
+  *p = NULL;
+  *refused = 0;
+  /* nbytes, not the rounded size: the rounding's untouched tail (under a
+   * quarter) never gets pages. */
+  if (dev.type == TT_CPU && nbytes >= TT_HOST_CHECK_BYTES) {
+    int64_t free_b = 0, total_b = 0;
+    if (tt_device_memory_info(dev, &free_b, &total_b) == TT_OK && (int64_t)nbytes > free_b) {
+      tt_clear_error();
+      *refused = 1;
+      return TT_ERR_OOM;
+    }
+    tt_clear_error();
+  }
+  return be->mem_alloc(dev.index, rounded, p);
 }
 
 static void tt_stats_alloc(tt_mem_stats *s, size_t rounded, int hit) {
@@ -254,15 +296,16 @@ static void tt_stats_alloc(tt_mem_stats *s, size_t rounded, int hit) {
 /* An allocation served by private pool mp (pool->lock held). No flush and
  * retry: releasing memory synchronizes the device, which a capture forbids. */
 static tt_status tt_mempool_alloc_locked(tt_pool *pool, tt_mempool *mp, const tt_kernels *be, int cls,
-                                         size_t rounded, void **out) {
+                                         size_t rounded, size_t nbytes, void **out) {
   void *p = cls >= 0 ? tt_cache_take(&mp->cache, cls) : NULL;
   int hit = p != NULL;
   if (!p) {
-    tt_status st = be->mem_alloc(mp->dev.index, rounded, &p);
+    int refused;
+    tt_status st = tt_block_alloc(mp->dev, be, rounded, nbytes, &p, &refused);
     if (st != TT_OK || !p) {
       pool->stats.num_ooms++;
       mp->stats.num_ooms++;
-      return tt_oom(mp->dev, rounded, pool->stats);
+      return tt_oom(mp->dev, rounded, pool->stats, refused, 1);
     }
     if (!tt_owned_add(mp, p)) {
       be->mem_free(mp->dev.index, p);
@@ -313,7 +356,7 @@ tt_status tt_alloc_raw(tt_device dev, size_t nbytes, void **out) {
   pthread_mutex_lock(&pool->lock);
   tt_mempool *mp = tt_active_mempool;
   if (mp && tt_same_device(mp->dev, dev)) {
-    tt_status st = tt_mempool_alloc_locked(pool, mp, be, cls, rounded, out);
+    tt_status st = tt_mempool_alloc_locked(pool, mp, be, cls, rounded, nbytes, out);
     pthread_mutex_unlock(&pool->lock);
     return st;
   }
@@ -321,20 +364,21 @@ tt_status tt_alloc_raw(tt_device dev, size_t nbytes, void **out) {
   void *p = cls >= 0 ? tt_cache_take(&pool->cache, cls) : NULL;
   int hit = p != NULL;
   if (!p) {
-    tt_status st = be->mem_alloc(dev.index, rounded, &p);
+    int refused;
+    tt_status st = tt_block_alloc(dev, be, rounded, nbytes, &p, &refused);
     if (st != TT_OK || !p) {
       /* Cached blocks of other sizes may be what stands in the way, and
        * so may blocks still waiting for another stream. */
       pool->stats.num_alloc_retries++;
       if (pool->pending) tt_pending_collect_locked(pool, dev, be, 1);
       tt_pool_flush_locked(pool, dev, be);
-      st = be->mem_alloc(dev.index, rounded, &p);
+      st = tt_block_alloc(dev, be, rounded, nbytes, &p, &refused);
     }
     if (st != TT_OK || !p) {
       pool->stats.num_ooms++;
       tt_mem_stats s = pool->stats;
       pthread_mutex_unlock(&pool->lock);
-      return tt_oom(dev, rounded, s);
+      return tt_oom(dev, rounded, s, refused, 0);
     }
   }
   tt_stats_alloc(&pool->stats, rounded, hit);

@@ -79,6 +79,11 @@ describe("cuda backend", function()
     assert.truthy(free0 - free1 >= 256 * 2 ^ 20, ("free %d -> %d"):format(free0, free1))
     t:free()
     titan.empty_cache("cuda:0")
+    -- more than the device has: an out-of-memory error with the allocator's and the device's numbers
+    local ok, err = pcall(titan.empty, { math.floor(total / 4) + 2 ^ 28 }, { device = "cuda" })
+    assert.falsy(ok)
+    assert.truthy(tostring(err):find("out of memory on cuda:0: tried to allocate", 1, true), tostring(err))
+    assert.truthy(tostring(err):find("the device has [%d.]+ MiB available of [%d.]+ MiB"), tostring(err))
     -- Llama 3 405B needs ~6 TiB for weights, gradients and AdamW state: one
     -- line saying so before anything is allocated (the model is built on meta)
     local config, trainer = require("titan.config"), require("titan.trainer")
@@ -87,7 +92,7 @@ describe("cuda backend", function()
     collectgarbage()
     collectgarbage() -- earlier cases' garbage tensors go now, not during trainer.new
     local before = titan.memory_stats("cuda:0").allocated
-    local ok, err = pcall(trainer.new, cfg, { print = function() end })
+    ok, err = pcall(trainer.new, cfg, { print = function() end })
     assert.falsy(ok)
     assert.truthy(tostring(err):find("405B has 405.85B parameters and needs ~6048 GiB", 1, true), tostring(err))
     assert.truthy(tostring(err):find("but cuda has %d+ GiB"), tostring(err))

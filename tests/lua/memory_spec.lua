@@ -142,6 +142,29 @@ describe("memory", function()
     t2:free()
   end)
 
+  -- malloc overcommits: without the allocator's own check, a block larger
+  -- than the host can back is handed out, and the OOM killer ends the job
+  -- when its pages are touched, with nothing said.
+  it("a host block beyond the available memory is an out-of-memory error with the numbers, not a kill", function()
+    local free, total = titan.memory_info("cpu")
+    assert.truthy(total > 0 and free > 0 and free <= total, ("free %d of %d"):format(free, total))
+    local s0 = titan.memory_stats("cpu")
+    -- more than is available, less than the host has (before the size
+    -- class's rounding): malloc may grant it or not; the check refuses first
+    local n = math.floor((free + 0.9 * (total - free) + 2 ^ 20) / 4)
+    local ok, err = pcall(titan.empty, { n })
+    assert.falsy(ok)
+    assert.truthy(tostring(err):find("out of memory on cpu: tried to allocate", 1, true), tostring(err))
+    -- refused by the allocator's check, not by malloc (which would grant it)
+    assert.truthy(tostring(err):find("more than the host's [%d.]+ MiB available %(of [%d.]+ MiB%)"), tostring(err))
+    local s1 = titan.memory_stats("cpu")
+    assert.are.equal(s0.num_ooms + 1, s1.num_ooms)
+    assert.are.equal(s0.allocated, s1.allocated)
+    -- and the allocator goes on serving what fits
+    local t = titan.empty({ 2 ^ 24 })
+    t:free()
+  end)
+
   -- The CPU has one stream: record_stream changes nothing there (the GPU
   -- side is tests/cuda/backend_spec.lua); a stream it does not know is one line.
   it("record_stream on the CPU frees as usual; an unknown stream name is an error", function()
