@@ -88,14 +88,21 @@ function M.main(...)
   local ids = tok:encode_table(prompt, { bos = true })
   io.write(prompt)
   io.flush()
+  local new, ended = 0, false
   sampling.generate(model, ids, {
     max_new_tokens = opts.max_new_tokens, temperature = opts.temperature, top_k = opts.top_k, top_p = opts.top_p,
     seed = opts.seed, eos_id = tok.eos_id, max_seq_len = cfg.training.seq_len, device = cfg.training.device,
     on_token = function(id)
+      if id == tok.eos_id then ended = true else new = new + 1 end
       if id ~= tok.eos_id and id ~= tok.bos_id then io.write(tok:decode({ id })); io.flush() end
     end,
   })
   io.write("\n")
+  -- Why it stopped, on stderr (stdout stays the text): an early end-of-text
+  -- is otherwise indistinguishable from a model that printed nothing.
+  if ended then
+    io.stderr:write(("titan generate: end of text after %d new token%s\n"):format(new, new == 1 and "" or "s"))
+  end
 end
 
 return M
