@@ -513,9 +513,33 @@ end
 
 local function js(s) return cjson.encode(s) end
 
+-- The "post_processor" line of tokenizer.json: null, or HF tokenizers'
+-- TemplateProcessing with BOS before each sequence (Llama 3's layout).
+local function post_processor(self, add_bos)
+  if not (add_bos and self.bos_id) then return '  "post_processor": null,' end
+  local bos = js(self:token(self.bos_id))
+  local function special(type_id) return ('{"SpecialToken": {"id": %s, "type_id": %d}}'):format(bos, type_id) end
+  local function seq(id, type_id) return ('{"Sequence": {"id": "%s", "type_id": %d}}'):format(id, type_id) end
+  return table.concat({
+    '  "post_processor": {',
+    '    "type": "TemplateProcessing",',
+    ('    "single": [%s, %s],'):format(special(0), seq("A", 0)),
+    ('    "pair": [%s, %s, %s, %s],'):format(special(0), seq("A", 0), special(1), seq("B", 1)),
+    ('    "special_tokens": {%s: {"id": %s, "ids": [%d], "tokens": [%s]}}'):format(bos, bos, self.bos_id, bos),
+    '  },',
+  }, "\n")
+end
+
 -- The JSON text of this tokenizer, written in a fixed order (the same
--- tokenizer always gives the same bytes).
-function Tokenizer:to_json()
+-- tokenizer always gives the same bytes). opts.add_bos: a post_processor
+-- that puts the BOS token in front of every encoding, as Llama 3's own
+-- tokenizer.json does (Titan trains on BOS + document + EOS and encodes
+-- prompts with BOS; Titan's loader ignores post_processor, callers say bos).
+-- opts.merge_strings: merges as "left right" strings, the layout HF
+-- tokenizers before 0.20 (transformers before 4.45) can read, instead of
+-- [left, right] pairs.
+function Tokenizer:to_json(opts)
+  opts = opts or {}
   local c = handle(self)
   local p, len, sp = ffi.new("const uint8_t*[1]"), ffi.new("int32_t[1]"), ffi.new("int32_t[1]")
   local names, added = {}, {}
@@ -539,7 +563,11 @@ function Tokenizer:to_json()
   local l, r, m = ffi.new("int32_t[1]"), ffi.new("int32_t[1]"), ffi.new("int32_t[1]")
   for i = 0, self.n_merges - 1 do
     check(C.tt_tokenizer_merge(c, i, l, r, m))
-    merges[#merges + 1] = ("      [%s, %s]"):format(js(names[l[0]]), js(names[r[0]]))
+    if opts.merge_strings then -- "left right": byte-level names hold no space
+      merges[#merges + 1] = ("      %s"):format(js(names[l[0]] .. " " .. names[r[0]]))
+    else
+      merges[#merges + 1] = ("      [%s, %s]"):format(js(names[l[0]]), js(names[r[0]]))
+    end
   end
   local out = {
     '{',
@@ -558,7 +586,7 @@ function Tokenizer:to_json()
     '      {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}',
     '    ]',
     '  },',
-    '  "post_processor": null,',
+    post_processor(self, opts.add_bos),
     '  "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},',
     '  "model": {',
     '    "type": "BPE",',

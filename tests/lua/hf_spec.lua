@@ -313,3 +313,86 @@ describe("HF files from Python", function()
     assert.truthy(report.transformers.rel < 1e-4, "relative error " .. report.transformers.rel)
   end)
 end)
+
+-- The tokenizer beside the weights: AutoTokenizer.from_pretrained(folder)
+-- must give Titan's ids (BOS first, as Titan trains and prompts) and the
+-- model config the BOS/EOS ids generate() stops at.
+describe("HF export with the tokenizer", function()
+  local TOK = env.root .. "/assets/tokenizers/fortunes_2048.json"
+  local TEXTS = { "Hello world", "  two spaces, tabs\tand\nnew lines\n", "ünïcödé — “quotes” 😀", "1234567 it's" }
+
+  local function export_with_tokenizer(dir)
+    local m = llama3.build("debugmodel", { seed = 7 })
+    hf.export({ model = m }, dir, { tokenizer = TOK })
+    return m
+  end
+
+  it("writes tokenizer.json (BOS added, string merges) and tokenizer_config.json; config.json gets the ids", function()
+    local dir = tmpdir() .. "/hf"
+    export_with_tokenizer(dir)
+    local Tokenizer = require("titan.tokenizer")
+    local ours = Tokenizer.load(TOK)
+    local cfg = json.decode(fs.read_file(dir .. "/config.json"))
+    assert.are.equal(ours.bos_id, cfg.bos_token_id)
+    assert.are.equal(ours.eos_id, cfg.eos_token_id)
+    local tc = json.decode(fs.read_file(dir .. "/tokenizer_config.json"))
+    assert.are.equal("PreTrainedTokenizerFast", tc.tokenizer_class)
+    assert.are.equal(ours:token(ours.bos_id), tc.bos_token)
+    assert.are.equal(ours:token(ours.eos_id), tc.eos_token)
+    local tj = json.decode(fs.read_file(dir .. "/tokenizer.json"))
+    assert.are.equal("TemplateProcessing", tj.post_processor.type)
+    assert.are.same({ ours.bos_id }, tj.post_processor.special_tokens[tc.bos_token].ids)
+    assert.are.equal("string", type(tj.model.merges[1]))
+    -- Titan reads the exported file back as the same tokenizer
+    local back = Tokenizer.load(dir .. "/tokenizer.json")
+    for _, t in ipairs(TEXTS) do
+      assert.are.same(ours:encode_table(t, { bos = true }), back:encode_table(t, { bos = true }), t)
+    end
+    -- without --tokenizer: no tokenizer files, no ids
+    local plain = tmpdir() .. "/plain"
+    hf.export({ model = llama3.build("debugmodel", { seed = 7 }) }, plain)
+    assert.is_false(fs.exists(plain .. "/tokenizer.json"))
+    assert.is_nil(json.decode(fs.read_file(plain .. "/config.json")).eos_token_id)
+  end)
+
+  it("a tokenizer larger than the model's vocabulary is refused before anything is written", function()
+    local dir = tmpdir()
+    ckpt.save(dir .. "/ck/step-1", { model = llama3.build(GQA, { seed = 1 }), extra = { step = 1 } })
+    local ok, err = pcall(hf.export, { checkpoint = dir .. "/ck/step-1" }, dir .. "/hf",
+      { args = llama3.args(GQA), tokenizer = TOK })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("has 2048 tokens but the model's vocab_size is 61", 1, true), tostring(err))
+    assert.is_false(fs.exists(dir .. "/hf"))
+    -- the CLI: --tokenizer, and its line
+    local ck = dir .. "/ck2"
+    ckpt.save(ck .. "/step-3", { model = llama3.build("debugmodel", { seed = 3 }), extra = { step = 3 } })
+    local rc, out = run(("%s ckpt convert --to hf --model-flavor debugmodel --tokenizer %s %s %s"):format(sh_quote(EXE),
+      sh_quote(TOK), sh_quote(ck), sh_quote(dir .. "/cli")))
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:find("with its tokenizer", 1, true), out)
+    assert.is_true(fs.exists(dir .. "/cli/tokenizer_config.json"))
+  end)
+
+  it("the tokenizers library and transformers' AutoTokenizer give Titan's ids and decode back", function()
+    local rc, out = run(sh_quote(PYTHON) .. " -c 'import json'")
+    if rc ~= 0 then return pending(PYTHON .. " does not run: " .. out) end
+    local dir = tmpdir()
+    export_with_tokenizer(dir .. "/hf")
+    local ours = require("titan.tokenizer").load(TOK)
+    local cases = {}
+    for i, t in ipairs(TEXTS) do cases[i] = { text = t, ids = json.array(ours:encode_table(t, { bos = true })) } end
+    fs.write_file(dir .. "/cases.json", json.encode(json.array(cases)))
+    rc, out = run(("%s %s %s %s %s"):format(sh_quote(PYTHON), sh_quote(env.root .. "/tests/reference/hf_tokenizer_check.py"),
+      sh_quote(dir .. "/hf"), sh_quote(dir .. "/cases.json"), sh_quote(dir .. "/report.json")))
+    assert.are.equal(0, rc, out)
+    local report = json.decode(fs.read_file(dir .. "/report.json"))
+    if not report.tokenizers.available then
+      return pending("python tokenizers is not importable by " .. PYTHON .. "; " .. INSTALL)
+    end
+    assert.is_true(report.tokenizers.ok, tostring(report.tokenizers.error))
+    if not report.transformers.available then
+      return pending("transformers is not importable by " .. PYTHON .. "; " .. INSTALL)
+    end
+    assert.is_true(report.transformers.ok, tostring(report.transformers.error))
+  end)
+end)

@@ -9,7 +9,7 @@
 -- [H, 2, d/2, in]): export packs the view in C, import reads the file
 -- straight into the view; no element loop runs in Lua.
 --
---   hf.export({ model = m } | { checkpoint = dir }, out_dir, { args =, dtype =, max_shard_bytes = })
+--   hf.export({ model = m } | { checkpoint = dir }, out_dir, { args =, dtype =, max_shard_bytes =, tokenizer = })
 --   hf.import(hf_dir, model)          hf.to_checkpoint(hf_dir, out_dir)
 require("titan") -- the tensor face complete (views come with titan.ops)
 local tensor = require("titan.tensor")
@@ -60,22 +60,48 @@ local function permuted(w, heads)
   return autograd.no_grad(function() return w:view(heads, hd / 2, 2, cols):transpose(2, 3) end)
 end
 
-function M.config(a, dtype)
+function M.config(a, dtype, special)
   local sc = a.rope_scaling
   local scaling = json.null
   if sc and sc.factor and sc.factor > 1 then
-    scaling = { rope_type = "llama3", factor = sc.factor, low_freq_factor = sc.low_freq_factor,
-      high_freq_factor = sc.high_freq_factor, original_max_position_embeddings = sc.original_max_seq }
+    -- floats as transformers checks them (8.0: an integral 8 is "not a float" to it)
+    scaling = { rope_type = "llama3", factor = json.float(sc.factor), low_freq_factor = json.float(sc.low_freq_factor),
+      high_freq_factor = json.float(sc.high_freq_factor), original_max_position_embeddings = sc.original_max_seq }
   end
   return {
     architectures = json.array({ "LlamaForCausalLM" }), model_type = "llama",
     hidden_size = a.dim, intermediate_size = a.ffn_hidden, num_attention_heads = a.n_heads,
     num_key_value_heads = a.n_kv_heads, num_hidden_layers = a.n_layers, head_dim = a.head_dim or a.dim / a.n_heads,
-    rms_norm_eps = a.norm_eps, rope_theta = a.rope_theta, rope_scaling = scaling, vocab_size = a.vocab_size,
+    rms_norm_eps = a.norm_eps, rope_theta = json.float(a.rope_theta), rope_scaling = scaling, vocab_size = a.vocab_size,
     tie_word_embeddings = a.tie_embeddings and true or false, max_position_embeddings = a.max_seq_len,
     torch_dtype = dtype, hidden_act = "silu", attention_bias = false, attention_dropout = 0.0, mlp_bias = false,
     initializer_range = 0.02, pretraining_tp = 1, use_cache = true,
+    -- with a tokenizer: transformers' generate() stops at this EOS
+    bos_token_id = special and special.bos_id, eos_token_id = special and special.eos_id,
   }
+end
+
+-- The tokenizer files transformers' AutoTokenizer reads from the export:
+-- tokenizer.json (BOS put in front by its post_processor, as Llama 3's
+-- own, since Titan trains on BOS + document + EOS; merges in the layout
+-- every tokenizers version reads) and tokenizer_config.json.
+local function load_tokenizer(path, a)
+  local tok = require("titan.tokenizer").load(path)
+  if tok.vocab_size > a.vocab_size then
+    local n = tok.vocab_size
+    tok:free()
+    fail("the tokenizer %s has %d tokens but the model's vocab_size is %d", path, n, a.vocab_size)
+  end
+  return tok
+end
+
+local function write_tokenizer(tok, dir, a)
+  fs.write_file(fs.join(dir, "tokenizer.json"), tok:to_json({ add_bos = true, merge_strings = true }))
+  local cfg = { tokenizer_class = "PreTrainedTokenizerFast", model_max_length = a.max_seq_len,
+    clean_up_tokenization_spaces = false, model_input_names = json.array({ "input_ids", "attention_mask" }) }
+  if tok.bos_id then cfg.bos_token = tok:token(tok.bos_id) end
+  if tok.eos_id then cfg.eos_token = tok:token(tok.eos_id) end
+  fs.write_file(fs.join(dir, "tokenizer_config.json"), json.encode(cfg, 2) .. "\n")
 end
 
 -- config.json -> the model arguments the weights need (names as llama3.args).
@@ -128,7 +154,8 @@ end
 -- Write out_dir (a new folder: never replaces one) with config.json and
 -- model.safetensors, or shards + model.safetensors.index.json beyond
 -- opts.max_shard_bytes. opts.args: model arguments (llama3.args); opts.dtype:
--- float32 (default) or bfloat16.
+-- float32 (default) or bfloat16; opts.tokenizer: a tokenizer file (HF
+-- tokenizer.json or tiktoken ranks) to export beside the weights.
 function M.export(src, out_dir, opts)
   opts = opts or {}
   local a = opts.args or (src.model and src.model.args)
@@ -158,6 +185,7 @@ function M.export(src, out_dir, opts)
   if fs.exists(out_dir) and not (fs.is_dir(out_dir) and #fs.list(out_dir) == 0) then
     fail("%s already exists; export writes a new folder and never replaces one", out_dir)
   end
+  local tok = opts.tokenizer and load_tokenizer(opts.tokenizer, a)
   -- Shards in map order, each at most max_bytes (a bigger tensor alone).
   local esize = dtype == "float32" and 4 or 2
   local shards, cur, cur_bytes, total = {}, nil, 0, 0
@@ -200,7 +228,11 @@ function M.export(src, out_dir, opts)
   if #shards > 1 then
     fs.write_file(fs.join(tmp, M.INDEX), json.encode({ metadata = { total_size = total }, weight_map = weight_map }, 2) .. "\n")
   end
-  fs.write_file(fs.join(tmp, "config.json"), json.encode(M.config(a, dtype), 2) .. "\n")
+  fs.write_file(fs.join(tmp, "config.json"), json.encode(M.config(a, dtype, tok), 2) .. "\n")
+  if tok then
+    write_tokenizer(tok, tmp, a)
+    tok:free()
+  end
   fs.sync_dir(tmp)
   if fs.is_dir(out_dir) then fs.remove_all(out_dir) end -- an empty folder only (checked above)
   fs.rename(tmp, out_dir)

@@ -12,6 +12,11 @@ local array_mt = { __json_array = true }
 
 function M.array(t) return setmetatable(t or {}, array_mt) end
 
+-- json.float(x): x written with a decimal point even when integral (8.0,
+-- not 8), for readers that check the type (transformers' rope_scaling).
+local float_mt = { __json_float = true }
+function M.float(x) return setmetatable({ value = x }, float_mt) end
+
 local escapes = { ['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f", ["\n"] = "\\n", ["\r"] = "\\r",
   ["\t"] = "\\t" }
 
@@ -50,6 +55,10 @@ local function encode(v, out, indent, depth)
     out[#out + 1] = quote(v)
   elseif tv == "cdata" then -- 64-bit integers: exact, as a string
     out[#out + 1] = quote((tostring(v):gsub("U?LL$", "")))
+  elseif tv == "table" and getmetatable(v) == float_mt then
+    local s = number(v.value)
+    if not s:find("[%.eEn]") then s = s .. ".0" end
+    out[#out + 1] = s
   elseif tv == "table" then
     if depth > 64 then error("json: table nested too deeply (a cycle?)", 0) end
     local nl = indent and ("\n" .. (" "):rep(indent * (depth + 1))) or ""

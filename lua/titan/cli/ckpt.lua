@@ -8,9 +8,10 @@ usage: titan ckpt inspect DIR
        titan ckpt verify DIR
          read every chunk of step folder DIR and check its CRC-32C
        titan ckpt convert --to hf --model-flavor F [--model-name llama3] [--dtype float32|bfloat16]
-                          [--max-shard-bytes N] CKPT_DIR OUT_DIR
+                          [--max-shard-bytes N] [--tokenizer FILE] CKPT_DIR OUT_DIR
          a titan checkpoint (step folder, or the latest complete one in a folder) -> Hugging Face
-         LlamaForCausalLM safetensors + config.json in the new folder OUT_DIR
+         LlamaForCausalLM safetensors + config.json in the new folder OUT_DIR; with --tokenizer
+         (the recipe's model.tokenizer) also tokenizer.json + tokenizer_config.json for AutoTokenizer
        titan ckpt convert --from hf HF_DIR OUT_CKPT_DIR
          a Hugging Face Llama folder -> a new titan step folder (model only, step 0), usable as
          checkpoint.initial_load_path
@@ -61,7 +62,7 @@ end
 
 local function convert(args)
   local opts, pos = parse(args, { to = true, from = true, ["model-flavor"] = true, ["model-name"] = true, dtype = true,
-    ["max-shard-bytes"] = true })
+    ["max-shard-bytes"] = true, tokenizer = true })
   local ckpt = require("titan.checkpoint")
   if opts.to and opts.from then die("convert takes --to hf or --from hf, not both") end
   if opts.to then
@@ -84,8 +85,12 @@ local function convert(args)
     local max = opts["max-shard-bytes"] and tonumber(opts["max-shard-bytes"])
     if opts["max-shard-bytes"] and not (max and max > 0) then die("--max-shard-bytes must be a positive number") end
     local src = latest_or_self(pos[1])
-    ckpt.hf.export({ checkpoint = src }, pos[2], { args = family.args(flavor), dtype = dtype, max_shard_bytes = max })
-    print(("exported %s (%s %s, %s) to %s"):format(src, name, flavor, dtype, pos[2]))
+    local tok = opts.tokenizer
+    if tok == "" then die("--tokenizer needs a FILE (a tokenizer.json or tiktoken ranks file)") end
+    ckpt.hf.export({ checkpoint = src }, pos[2], { args = family.args(flavor), dtype = dtype, max_shard_bytes = max,
+      tokenizer = tok })
+    print(("exported %s (%s %s, %s%s) to %s"):format(src, name, flavor, dtype, tok and ", with its tokenizer" or "",
+      pos[2]))
   elseif opts.from then
     if opts.from ~= "hf" then die("convert --from %s: only hf is supported", opts.from) end
     if #pos ~= 2 then die("convert --from hf needs HF_DIR and OUT_CKPT_DIR (got %d path(s))", #pos) end
