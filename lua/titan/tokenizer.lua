@@ -658,7 +658,8 @@ local function mb(n) return ("%.1f MB"):format(n / 1e6) end
 --   texts        strings (in addition to files)
 --   specials     default { "<|begin_of_text|>", "<|end_of_text|>" }
 --   pattern      default the Llama 3 pattern
---   progress     a file (io.stderr) to report on, or nil
+--   progress     a file (io.stderr) to report on, or nil; progress_tty: whether it is a terminal
+--                (default: asked), else whole lines every ten seconds, no \r
 function M.train(opts)
   local specials = opts.specials or { M.BOS, M.EOS }
   local vocab = tonumber(opts.vocab_size)
@@ -668,6 +669,8 @@ function M.train(opts)
       tostring(opts.vocab_size), floor, #specials), 0)
   end
   local log = opts.progress
+  local tty = opts.progress_tty
+  if tty == nil then tty = log ~= nil and require("titan.data.progress").is_tty(log) end
   local t0 = os.clock()
   local function say(fmt, ...) if log then log:write(fmt:format(...)) end end
 
@@ -717,12 +720,16 @@ function M.train(opts)
       check(C.tt_tokenizer_trainer_stats(tr, stats))
       local have = stats.tokens
       local now = os.clock()
-      if log and (now - last_report >= 0.1 or have >= want) then
+      if log and (now - last_report >= (tty and 0.1 or 10) or have >= want) then
         last_report = now
         local line = ("tokenizer: merges %d, tokens %d/%d (%3d%%), last pair seen %d times, %.1f s"):format(
           stats.merges, have + #specials, vocab, math.floor(100 * (have - 256) / math.max(want - 256, 1)),
           tonumber(stats.last_count), now - t0)
-        say("\r%s%s", line, (" "):rep(math.max(0, last_len - #line))) -- in place, over a longer previous line
+        if tty then
+          say("\r%s%s", line, (" "):rep(math.max(0, last_len - #line))) -- in place, over a longer previous line
+        else
+          say("%s\n", line)
+        end
         last_len = #line
       end
       if have >= want then break end
@@ -732,7 +739,7 @@ function M.train(opts)
     end
   end)
   if not ok then done_with(err) end
-  say("\n")
+  if tty then say("\n") end
   if stats.tokens < want then
     say("tokenizer: the text has no pair left to merge; vocabulary is %d, not %d\n", stats.tokens + #specials, vocab)
   end

@@ -280,15 +280,32 @@ describe("titan.data", function()
       assert.are.equal("0", leftovers:match("%d+"))
     end)
 
-    it("prints progress in place on stderr while preparing", function()
-      local sink = { text = {} }
-      function sink:write(...) for _, s in ipairs({ ... }) do self.text[#self.text + 1] = s end end
-      function sink:flush() end
-      data.prepare({ inputs = corpus, tokenizer = Byte, out = path("progress.bin"), progress = sink })
-      local s = table.concat(sink.text)
+    local function sink()
+      local k = { text = {} }
+      function k:write(...) for _, s in ipairs({ ... }) do self.text[#self.text + 1] = s end end
+      function k:flush() end
+      return k
+    end
+
+    it("prints progress in place on a terminal while preparing", function()
+      local k = sink()
+      data.prepare({ inputs = corpus, tokenizer = Byte, out = path("progress.bin"), progress = k, progress_tty = true })
+      local s = table.concat(k.text)
       assert.truthy(s:find("\rtokenizing: ", 1, true), s)
       assert.truthy(s:find("MB") and s:find("tokens/s") and s:find("100%%"), s)
       assert.are.equal("\n", s:sub(-1))
+    end)
+
+    -- A log file or CI: no carriage returns (a log of in-place redraws reads
+    -- as one endless line), whole lines at most every ten seconds, the last
+    -- one with the totals.
+    it("prints whole lines, no carriage returns, when the output is not a terminal", function()
+      local k = sink()
+      data.prepare({ inputs = corpus, tokenizer = Byte, out = path("progress_log.bin"), progress = k })
+      local s = table.concat(k.text)
+      assert.falsy(s:find("\r", 1, true), s)
+      assert.truthy(s:find("^tokenizing: [^\n]*100%%[^\n]*\n$"), s) -- one line: the run is short
+      assert.is_false(data.Progress.is_tty(k))
     end)
   end)
 

@@ -311,6 +311,18 @@ describe("tokenizer", function()
     t4:save(tmp("t4.json"))
     assert.are.equal(j1, read(tmp("t4.json")))
     t4:free()
+    -- progress: in place on a terminal; whole lines, no carriage return, in a log
+    local function progress_of(tty)
+      local k = { text = {} }
+      function k:write(...) for _, x in ipairs({ ... }) do self.text[#self.text + 1] = x end end
+      function k:flush() end
+      Tokenizer.train({ vocab_size = 300, files = { a, b }, progress = k, progress_tty = tty }):free()
+      return table.concat(k.text)
+    end
+    local on_tty, in_log = progress_of(true), progress_of(false)
+    assert.truthy(on_tty:find("\rtokenizer: merges %d+, tokens 300/300"), on_tty)
+    assert.falsy(in_log:find("\r", 1, true), in_log)
+    assert.truthy(in_log:find("\ntokenizer: merges %d+, tokens 300/300 %(100%%%)[^\n]*\n$"), in_log)
     -- '%' separator lines are not text
     assert.are.equal("Fortune favours the bold.\nThe early bird gets the worm.\nÜber naïve café.\n",
       Tokenizer.fortune_text(read(b)))

@@ -30,7 +30,8 @@ function M.prepare(opts)
   if opts.val_out == opts.out then error("prepare: out and val_out are the same file", 2) end
   local docs = Documents.new(opts.inputs, { format = opts.format, field = opts.field })
   local encode_opts = { bos = opts.bos ~= false and tok.bos_id ~= nil, eos = opts.eos ~= false and tok.eos_id ~= nil }
-  local progress = Progress.new("tokenizing", docs:total_bytes(), { quiet = opts.quiet, out = opts.progress })
+  local progress = Progress.new("tokenizing", docs:total_bytes(), { quiet = opts.quiet, out = opts.progress,
+    tty = opts.progress_tty })
   local train = TokenWriter.open(opts.out, tok.vocab_size)
   local val
   local ok, err = pcall(function()
@@ -54,7 +55,7 @@ function M.prepare(opts)
   docs:close()
   if not ok then
     -- Nothing half-written stays behind; a file that already existed is untouched.
-    if not progress.quiet then io.stderr:write("\n") end
+    if not progress.quiet and progress.tty then progress.out:write("\n") end -- end the line drawn in place
     train:abort()
     if val then val:abort() end
     error(err, 0)

@@ -1,5 +1,7 @@
 -- data/progress.lua — one progress line on stderr, rewritten in place
--- (\r) at most a few times a second: MB processed, tokens, tokens/s.
+-- (\r) at most a few times a second: MB processed, tokens, tokens/s. When
+-- stderr is not a terminal (a log file, CI), whole lines instead, one every
+-- ten seconds and the last: a log of \r-joined redraws reads as one line.
 local ffi = require("ffi")
 
 -- Wall clock through clock_gettime (os.clock is CPU time). The cdefs are
@@ -7,6 +9,7 @@ local ffi = require("ffi")
 pcall(ffi.cdef, "struct timespec { long tv_sec; long tv_nsec; };")
 pcall(ffi.cdef, "int clock_gettime(int clk_id, struct timespec *tp);")
 local ts_ok, ts = pcall(ffi.new, "struct timespec")
+pcall(ffi.cdef, "int isatty(int fd);")
 local CLOCK_MONOTONIC = 1
 
 local function now()
@@ -19,6 +22,15 @@ end
 local Progress = {}
 Progress.__index = Progress
 
+-- Whether out (a Lua file) is a terminal: stdout and stderr are asked by
+-- their descriptor; anything else (a file, a test's sink) is not one.
+function Progress.is_tty(out)
+  local fd = (out == io.stderr and 2) or (out == io.stdout and 1) or nil
+  if not fd then return false end
+  local ok, r = pcall(function() return ffi.C.isatty(fd) end)
+  return ok and r == 1
+end
+
 local function human(n)
   if n >= 1e9 then return ("%.2fB"):format(n / 1e9) end
   if n >= 1e6 then return ("%.2fM"):format(n / 1e6) end
@@ -27,12 +39,16 @@ local function human(n)
 end
 Progress.human = human
 
--- Progress.new(label, total_bytes, {out = io.stderr, quiet = false, interval = 0.2})
+-- Progress.new(label, total_bytes, {out = io.stderr, quiet = false, interval = 0.2,
+--   tty = (out is a terminal), log_interval = 10})
 function Progress.new(label, total_bytes, opts)
   opts = opts or {}
   local t = now()
-  return setmetatable({ label = label, total = total_bytes or 0, out = opts.out or io.stderr,
-    quiet = opts.quiet, interval = opts.interval or 0.2, t0 = t, last = t, width = 0 }, Progress)
+  local out = opts.out or io.stderr
+  local tty = opts.tty
+  if tty == nil then tty = Progress.is_tty(out) end
+  return setmetatable({ label = label, total = total_bytes or 0, out = out, quiet = opts.quiet, tty = tty,
+    interval = tty and (opts.interval or 0.2) or (opts.log_interval or 10), t0 = t, last = t, width = 0 }, Progress)
 end
 
 function Progress:line(bytes, tokens)
@@ -44,9 +60,13 @@ function Progress:line(bytes, tokens)
 end
 
 local function show(self, s, final)
-  local pad = self.width > #s and (" "):rep(self.width - #s) or ""
-  self.width = #s
-  self.out:write("\r", s, pad, final and "\n" or "")
+  if not self.tty then
+    self.out:write(s, "\n")
+  else
+    local pad = self.width > #s and (" "):rep(self.width - #s) or ""
+    self.width = #s
+    self.out:write("\r", s, pad, final and "\n" or "")
+  end
   self.out:flush()
 end
 
