@@ -266,7 +266,10 @@ function Trainer:validate()
     end
   end)
   if v.reset then v:reset() end
-  if ntok > 0 then self.logger:log_validation(self.step, total / ntok, ntok) end
+  if ntok > 0 then
+    self.logger:log_validation(self.step, total / ntok, ntok)
+    self.last_val_loss = total / ntok
+  end
   return ntok > 0 and total / ntok or nil
 end
 
@@ -328,16 +331,28 @@ function Trainer:train(until_step)
   local last = until_step or t.steps
   local losses = {}
   local params = self.model:parameters()
+  local t0, first = metrics.now(), self.step
+  self.run_tokens = self.run_tokens or 0
   while self.step < last do
     local step = self.step + 1
     local factor = self.schedule.factor(step)
     self.optimizer:set_lr_factor(factor)
     local loss, ntok = self:train_step(step)
+    if loss ~= loss or loss == math.huge or loss == -math.huge then
+      -- Stop before the update: the weights stay those of the last good step, and
+      -- nothing of this step is logged or saved.
+      local saved = self.checkpoint.last_saved
+      self.optimizer:zero_grad({ set_to_none = self.graph_state == nil })
+      error(("trainer: loss is %s at step %d; nothing from this step was saved (%s); lower optimizer.lr, "
+        .. "set training.max_norm, or check the data"):format(loss ~= loss and "NaN" or "infinite", step,
+        saved and ("the last checkpoint is step " .. saved) or "no checkpoint was saved"), 0)
+    end
     local grad_norm = self:update(params)
     self.step = step
     losses[#losses + 1] = loss
+    self.last_loss = loss
+    self.run_tokens = self.run_tokens + ntok
     self.logger:add_tokens(ntok / self.world)
-    if loss ~= loss then error(("trainer: loss is NaN at step %d"):format(step), 0) end
     if step % cfg.metrics.log_freq == 0 or step == 1 or step == last then
       if type(grad_norm) == "function" then grad_norm = grad_norm() end -- read back only when logged
       self.logger:log_step({ step = step, loss = loss, grad_norm = grad_norm, lr = self.optimizer:lr() })
@@ -354,7 +369,25 @@ function Trainer:train(until_step)
       break
     end
   end
+  self.run_seconds = (self.run_seconds or 0) + (metrics.now() - t0)
+  self.run_steps = (self.run_steps or 0) + (self.step - first)
   return losses
+end
+
+-- The closing line of a run: where it ended, the last losses, the average
+-- rate over the steps this process trained, the last checkpoint.
+function Trainer:summary()
+  local parts = { ("trainer: done at step %d"):format(self.step) }
+  if self.run_steps and self.run_steps > 0 then
+    parts[#parts + 1] = ("%d steps in %s (%s tokens/s)"):format(self.run_steps, metrics.duration(self.run_seconds),
+      metrics.commas(self.run_tokens / math.max(self.run_seconds, 1e-9)))
+  end
+  if self.last_loss then parts[#parts + 1] = ("loss %.4f"):format(self.last_loss) end
+  if self.last_val_loss then parts[#parts + 1] = ("validation loss %.4f"):format(self.last_val_loss) end
+  local saved = self.checkpoint.last_saved
+  if saved then parts[#parts + 1] = ("checkpoint %s"):format(require("titan.checkpoint.format").step_dir(
+    self.checkpoint.folder, saved)) end
+  return table.concat(parts, " | ")
 end
 
 function Trainer:close()
@@ -391,6 +424,7 @@ function M.run(recipe, argv)
   if tr.step > 0 then tr.print(("trainer: resumed from step %d"):format(tr.step)) end
   local losses = tr:train()
   tr:close()
+  if not tr.stopped_by then tr.print(tr:summary()) end
   return losses, tr
 end
 

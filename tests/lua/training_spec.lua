@@ -117,6 +117,57 @@ describe("training", function()
   end)
 end)
 
+describe("the run's last line", function()
+  it("says where training ended, the rate, the last losses and the last checkpoint", function()
+    local dump = os.tmpname() .. ".done"
+    local p = io.popen(("%s/titan lua/recipes/llama3_debugmodel.lua --job.dump_folder=%s --metrics.peak_flops=1e11 "
+      .. "--training.seq_len=32 --training.local_batch_size=2 --training.steps=4 --validation.freq=2 "
+      .. "--validation.steps=1 --checkpoint.enable --checkpoint.interval=3 2>&1; echo rc=$?"):format(env.build_dir, dump))
+    local out = p:read("*a")
+    p:close()
+    os.execute("rm -rf '" .. dump .. "'")
+    assert.truthy(out:find("rc=0", 1, true), out)
+    local last = out:match("([^\n]*)\nrc=0")
+    assert.truthy(last:find("^trainer: done at step 4 | 4 steps in [%d.]+s %([%d,]+ tokens/s%) | loss [%d.]+ | "
+      .. "validation loss [%d.]+ | checkpoint " .. dump:gsub("%p", "%%%0") .. "/checkpoint/step%-4$"), last)
+  end)
+end)
+
+describe("a loss that is not a number", function()
+  it("stops the run at that step with one line naming it and the last checkpoint; nothing of it is saved", function()
+    local dump = os.tmpname() .. ".nan"
+    local recipe, argv = quiet_cfg({ "--training.seq_len=32", "--training.local_batch_size=2", "--training.steps=6",
+      "--validation.enable=false", "--checkpoint.enable", "--checkpoint.interval=2", "--job.dump_folder=" .. dump })
+    recipe.loss_fn = function(logits, targets, ctx)
+      local l = trainer.loss_fn(logits, targets, ctx)
+      if ctx.step == 3 then return l * (0 / 0) end
+      return l
+    end
+    local cfg = config.resolve(recipe, argv)
+    local tr = trainer.new(cfg, { print = function() end })
+    local ok, err = pcall(tr.train, tr)
+    tr:close()
+    -- the weights are still step 2's (the update did not run), as saved
+    local m2 = require("models.llama3").build("debugmodel", { seed = 99 })
+    require("titan.checkpoint").load(dump .. "/checkpoint/step-2", { model = m2 })
+    local saved = m2:state_dict().tensors
+    for _, np in ipairs(tr.model:named_parameters()) do
+      assert.are.same(saved[np[1]]:tolist_flat(), np[2]:tolist_flat(), np[1])
+      assert.is_nil(np[2].grad, np[1] .. " has no gradient left")
+    end
+    m2:free()
+    tr.model:free()
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("^trainer: loss is NaN at step 3; nothing from this step was saved %(the last "
+      .. "checkpoint is step 2%); lower optimizer.lr"), tostring(err))
+    local fs = require("titan.checkpoint.fs")
+    assert.is_true(fs.exists(dump .. "/checkpoint/step-2"))
+    assert.is_false(fs.exists(dump .. "/checkpoint/step-3"))
+    assert.are.equal(3, tr.step + 1) -- the step counter did not move past the last good step
+    os.execute("rm -rf '" .. dump .. "'")
+  end)
+end)
+
 describe("bad recipes", function()
   local exe = env.build_dir .. "/titan"
   local function titan_run(args)
