@@ -325,6 +325,39 @@ function M.validate(cfg)
   need(cfg.lr_scheduler.min_lr_factor >= 0 and cfg.lr_scheduler.min_lr_factor <= 1,
     "lr_scheduler.min_lr_factor must be in [0, 1]")
   need(cfg.optimizer.lr >= 0, "optimizer.lr must be >= 0")
+  local o = cfg.optimizer
+  need(o.beta1 >= 0 and o.beta1 < 1, "optimizer.beta1 must be in [0, 1), got " .. tostring(o.beta1))
+  need(o.beta2 >= 0 and o.beta2 < 1, "optimizer.beta2 must be in [0, 1), got " .. tostring(o.beta2))
+  need(o.eps >= 0, "optimizer.eps must be >= 0, got " .. tostring(o.eps))
+  need(o.weight_decay >= 0, "optimizer.weight_decay must be >= 0, got " .. tostring(o.weight_decay))
+  local ls = cfg.lr_scheduler
+  need(ls.warmup_steps >= 0 and ls.warmup_steps % 1 == 0,
+    "lr_scheduler.warmup_steps must be a non-negative integer, got " .. tostring(ls.warmup_steps))
+  need(ls.decay_ratio == -1 or (ls.decay_ratio >= 0 and ls.decay_ratio <= 1),
+    "lr_scheduler.decay_ratio must be in [0, 1], or -1 (decay over every step after warmup), got "
+      .. tostring(ls.decay_ratio))
+  need(t.max_norm >= 0, "training.max_norm must be >= 0 (0: no clipping), got " .. tostring(t.max_norm))
+  need(t.threads == -1 or (t.threads >= 1 and t.threads % 1 == 0),
+    "training.threads must be -1 (OMP_NUM_THREADS or all cores) or a positive integer, got " .. tostring(t.threads))
+  need(t.device == "cpu" or t.device == "cuda" or t.device:match("^cuda:%d+$") ~= nil,
+    "training.device must be cpu, cuda or cuda:N, got '" .. t.device .. "'")
+  local v = cfg.validation
+  need(v.freq >= 1 and v.freq % 1 == 0, "validation.freq must be a positive integer, got " .. tostring(v.freq))
+  need(v.steps >= 1 and v.steps % 1 == 0, "validation.steps must be a positive integer, got " .. tostring(v.steps))
+  need(v.split >= 0 and v.split < 1, "validation.split must be in [0, 1), got " .. tostring(v.split))
+  need(cfg.model.name:match("^[%w_]+$") ~= nil, "model.name must be a file name in lua/models/, got '"
+    .. cfg.model.name .. "'")
+  do
+    local env = require("titan.env")
+    local mod = "models." .. cfg.model.name -- what the trainer will require
+    if not (package.preload[mod] or package.loaded[mod] or package.searchpath(mod, package.path)) then
+      local names = {}
+      local ok, files = pcall(require("titan.checkpoint.fs").list, env.root .. "/lua/models")
+      for _, file in ipairs(ok and files or {}) do names[#names + 1] = file:match("^(.+)%.lua$") end
+      need(false, ("model.name: no model family '%s'; expected one of %s (files in lua/models/)"):format(
+        cfg.model.name, table.concat(names, ", ")))
+    end
+  end
   need(({ float32 = 1, bfloat16 = 1, float64 = 1 })[t.mixed_precision_param],
     "training.mixed_precision_param must be float32, bfloat16 or float64, got '" .. t.mixed_precision_param .. "'")
   need(t.mixed_precision_reduce == "float32",

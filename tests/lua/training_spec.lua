@@ -204,6 +204,17 @@ describe("bad recipes", function()
       { debug .. "--parallelism.dp_shard=8", "expected parallelism.dp_shard=-1 or 1" },
       { debug .. "--model.flavor=405B", "llama3 405B has 405.85B parameters and needs ~6048 GiB" },
       { debug .. "--training.mixed_precision_param=bfloat16", "bfloat16 needs training.device=cuda" },
+      -- values the trainer used to take silently (or stop on with a Lua source position, after the banner)
+      { debug .. "--training.device=gpu", "training.device must be cpu, cuda or cuda:N, got 'gpu'" },
+      { debug .. "--validation.freq=0", "validation.freq must be a positive integer, got 0" },
+      { debug .. "--validation.split=2", "validation.split must be in [0, 1), got 2" },
+      { debug .. "--lr_scheduler.warmup_steps=-5", "lr_scheduler.warmup_steps must be a non-negative integer" },
+      { debug .. "--lr_scheduler.decay_ratio=3", "lr_scheduler.decay_ratio must be in [0, 1], or -1" },
+      { debug .. "--optimizer.beta1=2", "optimizer.beta1 must be in [0, 1), got 2" },
+      { debug .. "--optimizer.weight_decay=-0.1", "optimizer.weight_decay must be >= 0" },
+      { debug .. "--training.max_norm=-1", "training.max_norm must be >= 0 (0: no clipping)" },
+      { debug .. "--training.threads=0", "training.threads must be -1 (OMP_NUM_THREADS or all cores) or a positive" },
+      { debug .. "--model.name=gpt2", "model.name: no model family 'gpt2'; expected one of llama3" },
       { debug .. "--job.dump_folder=" .. file .. "/out", "job.dump_folder: cannot create folder " .. file .. "/out" },
       { debug .. "--checkpoint.enable --checkpoint.folder=" .. file .. "/ckpt",
         "checkpoint: cannot create folder " .. file .. "/ckpt" }, -- at start-up, before any step
