@@ -381,6 +381,8 @@ function Trainer:summary()
   if self.run_steps and self.run_steps > 0 then
     parts[#parts + 1] = ("%d steps in %s (%s tokens/s)"):format(self.run_steps, metrics.duration(self.run_seconds),
       metrics.commas(self.run_tokens / math.max(self.run_seconds, 1e-9)))
+  elseif self.step >= self.cfg.training.steps then
+    parts[#parts + 1] = ("nothing to train: training.steps = %d"):format(self.cfg.training.steps)
   end
   if self.last_loss then parts[#parts + 1] = ("loss %.4f"):format(self.last_loss) end
   if self.last_val_loss then parts[#parts + 1] = ("validation loss %.4f"):format(self.last_val_loss) end

@@ -120,16 +120,23 @@ end)
 describe("the run's last line", function()
   it("says where training ended, the rate, the last losses and the last checkpoint", function()
     local dump = os.tmpname() .. ".done"
-    local p = io.popen(("%s/titan lua/recipes/llama3_debugmodel.lua --job.dump_folder=%s --metrics.peak_flops=1e11 "
-      .. "--training.seq_len=32 --training.local_batch_size=2 --training.steps=4 --validation.freq=2 "
-      .. "--validation.steps=1 --checkpoint.enable --checkpoint.interval=3 2>&1; echo rc=$?"):format(env.build_dir, dump))
-    local out = p:read("*a")
-    p:close()
-    os.execute("rm -rf '" .. dump .. "'")
-    assert.truthy(out:find("rc=0", 1, true), out)
-    local last = out:match("([^\n]*)\nrc=0")
+    local function last_line(steps)
+      local p = io.popen(("%s/titan lua/recipes/llama3_debugmodel.lua --job.dump_folder=%s --metrics.peak_flops=1e11 "
+        .. "--training.seq_len=32 --training.local_batch_size=2 --training.steps=%d --validation.freq=2 "
+        .. "--validation.steps=1 --checkpoint.enable --checkpoint.interval=3 2>&1; echo rc=$?"):format(env.build_dir,
+        dump, steps))
+      local out = p:read("*a")
+      p:close()
+      assert.truthy(out:find("rc=0", 1, true), out)
+      return out:match("([^\n]*)\nrc=0")
+    end
+    local last = last_line(4)
     assert.truthy(last:find("^trainer: done at step 4 | 4 steps in [%d.]+s %([%d,]+ tokens/s%) | loss [%d.]+ | "
       .. "validation loss [%d.]+ | checkpoint " .. dump:gsub("%p", "%%%0") .. "/checkpoint/step%-4$"), last)
+    -- resumed at or past training.steps: says so
+    last = last_line(2)
+    os.execute("rm -rf '" .. dump .. "'")
+    assert.are.equal("trainer: done at step 4 | nothing to train: training.steps = 2", last)
   end)
 end)
 
