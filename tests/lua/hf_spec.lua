@@ -371,6 +371,19 @@ describe("HF export with the tokenizer", function()
     assert.are.equal(0, rc, out)
     assert.truthy(out:find("with its tokenizer", 1, true), out)
     assert.is_true(fs.exists(dir .. "/cli/tokenizer_config.json"))
+    -- --recipe: the model and the tokenizer of the recipe the checkpoint was trained with
+    local recipe = dir .. "/r.lua"
+    fs.write_file(recipe, ("return { base = 'llama3_debugmodel', model = { tokenizer = %q } }"):format(TOK))
+    rc, out = run(("%s ckpt convert --to hf --recipe %s %s %s"):format(sh_quote(EXE), sh_quote(recipe), sh_quote(ck),
+      sh_quote(dir .. "/by_recipe")))
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:find("(llama3 debugmodel, float32, with its tokenizer)", 1, true), out)
+    assert.are.equal(fs.read_file(dir .. "/cli/tokenizer.json"), fs.read_file(dir .. "/by_recipe/tokenizer.json"))
+    assert.are.equal(fs.read_file(dir .. "/cli/config.json"), fs.read_file(dir .. "/by_recipe/config.json"))
+    -- neither --recipe nor --model-flavor: one line
+    rc, out = run(("%s ckpt convert --to hf %s %s"):format(sh_quote(EXE), sh_quote(ck), sh_quote(dir .. "/none")))
+    assert.are.equal(1, rc, out)
+    assert.truthy(out:match("^titan: ckpt: convert %-%-to hf needs %-%-recipe FILE or %-%-model%-flavor[^\n]*\n$"), out)
   end)
 
   it("the tokenizers library and transformers' AutoTokenizer give Titan's ids and decode back", function()

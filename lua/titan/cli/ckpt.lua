@@ -7,11 +7,13 @@ usage: titan ckpt inspect DIR
          step, completeness, train state, tensors with dtypes, shapes, chunks and sizes
        titan ckpt verify DIR
          read every chunk of step folder DIR and check its CRC-32C
-       titan ckpt convert --to hf --model-flavor F [--model-name llama3] [--dtype float32|bfloat16]
-                          [--max-shard-bytes N] [--tokenizer FILE] CKPT_DIR OUT_DIR
+       titan ckpt convert --to hf (--recipe FILE | --model-flavor F [--model-name llama3])
+                          [--dtype float32|bfloat16] [--max-shard-bytes N] [--tokenizer FILE] CKPT_DIR OUT_DIR
          a titan checkpoint (step folder, or the latest complete one in a folder) -> Hugging Face
          LlamaForCausalLM safetensors + config.json in the new folder OUT_DIR; with --tokenizer
-         (the recipe's model.tokenizer) also tokenizer.json + tokenizer_config.json for AutoTokenizer
+         also tokenizer.json + tokenizer_config.json for AutoTokenizer. --recipe takes the model
+         (model.name, model.flavor) and the tokenizer from the recipe the checkpoint was trained
+         with; --model-flavor, --model-name and --tokenizer given too take precedence
        titan ckpt convert --from hf HF_DIR OUT_CKPT_DIR
          a Hugging Face Llama folder -> a new titan step folder (model only, step 0), usable as
          checkpoint.initial_load_path
@@ -62,15 +64,24 @@ end
 
 local function convert(args)
   local opts, pos = parse(args, { to = true, from = true, ["model-flavor"] = true, ["model-name"] = true, dtype = true,
-    ["max-shard-bytes"] = true, tokenizer = true })
+    ["max-shard-bytes"] = true, tokenizer = true, recipe = true })
   local ckpt = require("titan.checkpoint")
   if opts.to and opts.from then die("convert takes --to hf or --from hf, not both") end
   if opts.to then
     if opts.to ~= "hf" then die("convert --to %s: only hf is supported", opts.to) end
     if #pos ~= 2 then die("convert --to hf needs CKPT_DIR and OUT_DIR (got %d path(s))", #pos) end
-    local flavor = opts["model-flavor"]
-    if not flavor then die("convert --to hf needs --model-flavor (e.g. debugmodel, 8B)") end
-    local name = opts["model-name"] or "llama3"
+    local from_recipe = {}
+    if opts.recipe then
+      local config = require("titan.config")
+      local ok, cfg = pcall(function() return config.resolve(config.load_recipe(opts.recipe), {}) end)
+      if not ok then die("--recipe %s: %s", opts.recipe, tostring(cfg)) end
+      local tok = cfg.model.tokenizer
+      if tok ~= "" and not tok:match("^/") then tok = require("titan.env").root .. "/" .. tok end
+      from_recipe = { flavor = cfg.model.flavor, name = cfg.model.name, tokenizer = tok ~= "" and tok or nil }
+    end
+    local flavor = opts["model-flavor"] or from_recipe.flavor
+    if not flavor then die("convert --to hf needs --recipe FILE or --model-flavor (e.g. debugmodel, 8B)") end
+    local name = opts["model-name"] or from_recipe.name or "llama3"
     if not name:match("^[%w_]+$") then die("bad --model-name %s", name) end
     local ok, family = pcall(require, "models." .. name)
     if not ok then die("unknown --model-name %s (no lua/models/%s.lua)", name, name) end
@@ -85,7 +96,7 @@ local function convert(args)
     local max = opts["max-shard-bytes"] and tonumber(opts["max-shard-bytes"])
     if opts["max-shard-bytes"] and not (max and max > 0) then die("--max-shard-bytes must be a positive number") end
     local src = latest_or_self(pos[1])
-    local tok = opts.tokenizer
+    local tok = opts.tokenizer or from_recipe.tokenizer
     if tok == "" then die("--tokenizer needs a FILE (a tokenizer.json or tiktoken ranks file)") end
     ckpt.hf.export({ checkpoint = src }, pos[2], { args = family.args(flavor), dtype = dtype, max_shard_bytes = max,
       tokenizer = tok })
