@@ -236,9 +236,13 @@ end
 
 function Trainer:banner()
   local t, a = self.cfg.training, self.model.args
-  self.print(("titan %s | %s %s: %s parameters, dim %d, %d layers, %d heads (%d kv), vocab %d | %d threads | %s"):format(
+  -- A tokenizer smaller than the flavor's vocabulary trains rows no token
+  -- ever uses (the flavor fixes vocab_size): say how many it uses.
+  local nv = self.tokenizer.vocab_size
+  local vocab = nv < a.vocab_size and ("%d (the tokenizer uses %d)"):format(a.vocab_size, nv) or tostring(a.vocab_size)
+  self.print(("titan %s | %s %s: %s parameters, dim %d, %d layers, %d heads (%d kv), vocab %s | %d threads | %s"):format(
     titan.version(), self.cfg.model.name, self.cfg.model.flavor, metrics.commas(self.nparams), a.dim, a.n_layers,
-    a.n_heads, a.n_kv_heads, a.vocab_size, titan.num_threads(), t.device))
+    a.n_heads, a.n_kv_heads, vocab, titan.num_threads(), t.device))
   self.print(("batch %d x %d tokens x %d accumulation = %s tokens/step | %d steps | peak %.1f GFLOP/s (%s) | %s FLOPs/token")
     :format(t.local_batch_size, t.seq_len, self.grad_accum,
       metrics.commas(t.local_batch_size * t.seq_len * self.grad_accum * self.world), t.steps, self.peak_flops / 1e9,
