@@ -366,9 +366,13 @@ function Trainer:train(until_step)
     local sig = ckpt.signal_pending()
     if sig then
       -- Preemption: save at this step boundary, then stop cleanly.
-      self.checkpoint:save(step, self:ckpt_state(), { force = true })
+      local dir = self.checkpoint:save(step, self:ckpt_state(), { force = true })
       self.checkpoint:wait()
-      self.print(("trainer: %s: saved step %d, stopping"):format(sig, step))
+      if dir then
+        self.print(("trainer: %s: saved step %d, stopping"):format(sig, step))
+      else -- (it said "saved" with checkpoints off, and nothing was)
+        self.print(("trainer: %s: stopping at step %d; nothing saved (checkpoint.enable is false)"):format(sig, step))
+      end
       self.stopped_by = sig
       break
     end

@@ -115,4 +115,20 @@ describe("preemption", function()
       "--training.steps=" .. (step + 2) }))
     assert.are.equal(step, start)
   end)
+
+  it("SIGINT with checkpoints off stops at the step boundary and says nothing was saved", function()
+    local dump = tmpdir()
+    local exe = env.build_dir .. "/titan"
+    local args = table.concat(small(dump, { "--checkpoint.enable=false", "--training.steps=100000" }), " ")
+    local log = dump .. "/run.log"
+    local rc = os.execute((("%s lua/recipes/llama3_debugmodel.lua %s > %s 2>&1 & pid=$!; "
+      .. "for i in $(seq 1 600); do grep -q '^step:' %s 2>/dev/null && break; sleep 0.2; done; "
+      .. "kill -INT $pid; wait $pid")):format(exe, args, log, log))
+    assert.truthy(rc == 0 or rc == true, "exit status after SIGINT")
+    local text = assert(io.open(log)):read("*a")
+    assert.truthy(text:find("trainer: SIGINT: stopping at step %d+; nothing saved %(checkpoint.enable is false%)"), text)
+    assert.falsy(text:find("saved step", 1, true), text)
+    local fs = require("titan.checkpoint.fs")
+    assert.is_false(fs.exists(dump .. "/checkpoint"))
+  end)
 end)
