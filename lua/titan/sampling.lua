@@ -41,7 +41,9 @@ end
 
 -- Generate up to max_new_tokens after `prompt_ids` (a Lua table) with a
 -- model mapping int64 [1, T] -> logits [1, T, V]. Stops at eos_id. Calls
--- on_token(id) for each new token (streaming).
+-- on_token(id) for each new token (streaming). opts.vocab_size: sample only
+-- ids below it (a tokenizer smaller than the model's vocabulary cannot
+-- decode the rest).
 function M.generate(model, prompt_ids, opts)
   opts = opts or {}
   local ids = { unpack(prompt_ids) }
@@ -61,6 +63,7 @@ function M.generate(model, prompt_ids, opts)
         local x = titan.tensor({ window }, { dtype = "int64", device = opts.device })
         local logits = model(x)
         local last = logits:select(2, #window):select(1, 1)
+        if opts.vocab_size and opts.vocab_size < last:size(1) then last = last:narrow(1, 1, opts.vocab_size) end
         return M.sample(last, { temperature = opts.temperature, top_k = opts.top_k, top_p = opts.top_p, rng = rng })
       end)
     end)

@@ -404,6 +404,25 @@ describe("optimizer groups and sampling", function()
     local bad = gen("--top-k x")
     assert.truthy(bad:find("titan generate: %-%-top%-k expects a number, got 'x'"), bad)
     assert.truthy(bad:find("rc=1"), bad)
+    -- a checkpoint named on the command line must exist: no silent random weights
+    local p = io.popen(("%s generate /nonexistent/ckpt --recipe lua/recipes/llama3_debugmodel.lua --prompt hi 2>&1; "
+      .. "echo rc=$?"):format(exe))
+    local missing = p:read("*a")
+    p:close()
+    assert.truthy(missing:find("titan generate: /nonexistent/ckpt holds no complete checkpoint", 1, true), missing)
+    assert.truthy(missing:find("rc=1", 1, true), missing)
+    -- a tokenizer smaller than the model's vocabulary: only ids it can decode are sampled
+    -- (untrained weights put most of the mass on the 2048 - 300 ids it lacks)
+    local Tokenizer = require("titan.tokenizer")
+    local small = Tokenizer.train({ vocab_size = 300, texts = { ("Once upon a time there was a fox. "):rep(50) } })
+    local tok_path = dump .. ".tok.json"
+    small:save(tok_path)
+    small:free()
+    local untrained = gen(("--model.tokenizer=%s --job.dump_folder=%s.none --temperature 1 --top-p 1"):format(
+      tok_path, dump))
+    os.remove(tok_path)
+    assert.truthy(untrained:find("no checkpoint found; sampling from the initial", 1, true), untrained)
+    assert.truthy(untrained:find("rc=0", 1, true), untrained)
     os.execute("rm -rf '" .. dump .. "'")
   end)
 end)

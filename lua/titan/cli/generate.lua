@@ -68,7 +68,13 @@ function M.main(...)
   end
   local ok, recipe = pcall(config.load_recipe, recipe_path)
   if not ok then fail(tostring(recipe)) end
-  local cfg = config.resolve(recipe, overrides)
+  local ok_cfg, cfg = pcall(config.resolve, recipe, overrides)
+  if not ok_cfg then fail(tostring(cfg)) end
+  local dev = cfg.training.device
+  if dev:match("^cuda") and not titan.cuda_available() then
+    fail(("training.device = %s, but no CUDA device is visible (or titan was built without TITAN_CUDA); "
+      .. "expected --training.device=cpu"):format(dev))
+  end
   local family = require("models." .. cfg.model.name)
   local model = family.build(cfg.model.flavor, { device = cfg.training.device, seed = cfg.training.seed })
   local loaded = false
@@ -79,6 +85,9 @@ function M.main(...)
     fail("checkpoints cannot be read by this build")
   end
   if not loaded then
+    -- A checkpoint named on the command line must be there: random weights
+    -- in its place would look like a broken model.
+    if ckpt_dir then fail(("%s holds no complete checkpoint (a step-N folder, or a folder of them)"):format(ckpt_dir)) end
     io.stderr:write("titan generate: no checkpoint found; sampling from the initial (untrained) weights\n")
   end
   local Tokenizer = require("titan.tokenizer")
@@ -92,6 +101,7 @@ function M.main(...)
   sampling.generate(model, ids, {
     max_new_tokens = opts.max_new_tokens, temperature = opts.temperature, top_k = opts.top_k, top_p = opts.top_p,
     seed = opts.seed, eos_id = tok.eos_id, max_seq_len = cfg.training.seq_len, device = cfg.training.device,
+    vocab_size = tok.vocab_size,
     on_token = function(id)
       if id == tok.eos_id then ended = true else new = new + 1 end
       if id ~= tok.eos_id and id ~= tok.bos_id then io.write(tok:decode({ id })); io.flush() end
