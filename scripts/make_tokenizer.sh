@@ -24,4 +24,6 @@ if [ "${#FILES[@]}" -eq 0 ]; then
   exit 1
 fi
 mkdir -p "$(dirname "$OUT")"
-exec "$TITAN" tokenizer train --vocab 2048 --out "$OUT" "${FILES[@]}"
+# --force: regenerating the shipped file is the point (the CLI refuses to
+# replace a tokenizer otherwise, since checkpoints depend on theirs).
+exec "$TITAN" tokenizer train --vocab 2048 --force --out "$OUT" "${FILES[@]}"

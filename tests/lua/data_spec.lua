@@ -707,6 +707,15 @@ describe("titan.data", function()
       local jl = write("cli.jsonl", '{"text": "one"}\n{"text": "two"}\n')
       out = capture(cli.main, "prepare", "--tokenizer", "t", "--out", path("j.bin"), "--jsonl", "--quiet", jl)
       assert.truthy(out:find("10 tokens, 2 documents", 1, true), out)
+      -- an output that exists is refused before any work and left as it was; --force replaces it
+      local before = read(path("j.bin"))
+      local ok, e = pcall(capture, cli.main, "prepare", "--tokenizer", "t", "--out", path("j.bin"), "--quiet", jl)
+      assert.is_false(ok)
+      assert.truthy(e:find("prepare: " .. path("j.bin") .. " exists; pass --force to replace it (it was not touched)",
+        1, true), e)
+      assert.are.equal(before, read(path("j.bin")))
+      out = capture(cli.main, "prepare", "--tokenizer", "t", "--out", path("j.bin"), "--quiet", "--force", jl)
+      assert.truthy(out:find("tokens, 2 documents", 1, true), out)
     end)
 
     it("reports usage errors in one line", function()

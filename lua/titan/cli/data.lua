@@ -9,7 +9,8 @@ local function say(s) M.out:write(s, "\n") end
 
 M.usage = [[
 usage: titan data prepare --tokenizer FILE --out FILE.bin [--val-out FILE.bin --val-fraction F]
-                          [--jsonl | --format FMT] [--field NAME] [--no-bos] [--no-eos] [--quiet] INPUTS...
+                          [--jsonl | --format FMT] [--field NAME] [--no-bos] [--no-eos] [--quiet] [--force]
+                          INPUTS...
        titan data inspect FILE.bin [--tokenizer FILE] [-n N]
        titan data --help
 
@@ -22,7 +23,8 @@ prepare   tokenizes INPUTS (files, or directories of files) into a binary token 
           Directories contribute their regular files, sorted, skipping symlinks,
           hidden files, *.dat and *.u8 (the fortune index files and their links);
           files that hold NUL bytes are skipped with a note. The output appears only
-          when complete (written to FILE.bin.tmp.PID, then renamed).
+          when complete (written to FILE.bin.tmp.PID, then renamed). An output file
+          that exists already is refused before any work unless --force.
 inspect   prints the header (tokens, documents, vocab, dtype) and the first N tokens
           (default 32), decoded when --tokenizer is given.
 
@@ -160,6 +162,7 @@ local function prepare(argv)
   local opts, inputs = parse(argv, {
     tokenizer = "value", out = "value", ["val-out"] = "value", ["val-fraction"] = "value", jsonl = "flag",
     format = "value", field = "value", ["no-bos"] = "flag", ["no-eos"] = "flag", quiet = "flag", help = "flag",
+    force = "flag",
   }, "prepare")
   if opts.help then
     M.out:write(M.usage)
@@ -177,6 +180,14 @@ local function prepare(argv)
     if not opts["val-out"] then fail("prepare: --val-fraction needs --val-out FILE.bin") end
   elseif opts["val-out"] then
     fail("prepare: --val-out needs --val-fraction F")
+  end
+  -- Token files can take hours to make: one already there is replaced only on request.
+  for _, key in ipairs({ "out", "val-out" }) do
+    local f = opts[key] and io.open(opts[key], "rb")
+    if f then
+      f:close()
+      if not opts.force then fail("prepare: %s exists; pass --force to replace it (it was not touched)", opts[key]) end
+    end
   end
   if opts.jsonl and opts.format and opts.format ~= "jsonl" then
     fail("prepare: --jsonl and --format %s contradict each other", opts.format)

@@ -2,7 +2,7 @@
 local M = {}
 
 local usage = [[
-usage: titan tokenizer train --vocab N [--out FILE] [--fortune | --no-fortune] FILES...
+usage: titan tokenizer train --vocab N [--out FILE] [--fortune | --no-fortune] [--force] FILES...
        titan tokenizer encode --tokenizer FILE [--bos] [--eos] [--pieces] (TEXT... | --file PATH)
        titan tokenizer decode --tokenizer FILE IDS...
        titan tokenizer info --tokenizer FILE
@@ -10,7 +10,8 @@ usage: titan tokenizer train --vocab N [--out FILE] [--fortune | --no-fortune] F
 
 train    learn a byte-level BPE (Llama 3 pre-tokenizer) from text files and write an HF
          tokenizer.json. --vocab counts every token: 256 bytes + merges + 2 specials
-         (<|begin_of_text|>, <|end_of_text|>). --out defaults to tokenizer.json.
+         (<|begin_of_text|>, <|end_of_text|>). --out defaults to tokenizer.json; a file
+         already there is refused before training unless --force (models trained with it need it).
          Fortune files (those with a FILE.dat index next to them) lose their '%' separator
          lines; --fortune / --no-fortune force the choice. Same text, same file, byte for byte.
 encode   print the ids of TEXT (the arguments joined by spaces) or of a file's bytes;
@@ -69,7 +70,8 @@ local function printable(bytes)
 end
 
 function M.train(args)
-  local opts, files = parse(args, { vocab = "value", out = "value", fortune = "flag", ["no-fortune"] = "flag" })
+  local opts, files = parse(args, { vocab = "value", out = "value", fortune = "flag", ["no-fortune"] = "flag",
+    force = "flag" })
   local n = tonumber(opts.vocab)
   if not n then fail("train needs --vocab N (the whole vocabulary size, e.g. --vocab 2048)") end
   if #files == 0 then fail("train needs text FILES to learn from") end
@@ -77,6 +79,12 @@ function M.train(args)
   if opts.fortune then fortune = true end
   if opts["no-fortune"] then fortune = false end
   local out = opts.out or "tokenizer.json"
+  -- A tokenizer that checkpoints were trained with must not change under them.
+  local existing = io.open(out, "rb")
+  if existing then
+    existing:close()
+    if not opts.force then fail(("train: %s exists; pass --force to replace it (it was not touched)"):format(out)) end
+  end
   local Tokenizer = require("titan.tokenizer")
   local t0 = os.clock()
   local tok, stats = Tokenizer.train({ vocab_size = n, files = files, fortune = fortune, progress = io.stderr })
