@@ -101,7 +101,7 @@ M.descriptions = {
   ["job.print_config"] = "print the resolved config and exit (also --print-config)",
   ["model.name"] = "a model family: a file in lua/models/",
   ["model.flavor"] = "debugmodel, 1B, 3B, 8B, 70B, 405B",
-  ["model.tokenizer"] = "tokenizer.json or tiktoken ranks file (relative to the source tree)",
+  ["model.tokenizer"] = "tokenizer.json or tiktoken ranks file (relative: working dir, else source tree)",
   ["optimizer.name"] = "AdamW (the only one)",
   ["optimizer.lr"] = "peak learning rate",
   ["optimizer.beta1"] = "AdamW first-moment decay",
@@ -228,6 +228,19 @@ local function check_type(full, default, v)
   if type(v) ~= type(default) then
     error(("config: %s expects a %s, got %s (%s)"):format(full, type(default), type(v), tostring(v)), 0)
   end
+end
+
+-- A file a config names (model.tokenizer): absolute as given; relative, from
+-- the working directory when it is there (a user's own file), else from the
+-- source tree (the shipped assets the recipes name, wherever titan runs).
+function M.resolve_file(path)
+  if path == "" or path:match("^/") then return path end
+  local f = io.open(path, "rb")
+  if f then
+    f:close()
+    return path
+  end
+  return require("titan.env").root .. "/" .. path
 end
 
 -- Load a recipe by name or path ("llama3_debugmodel" or "lua/recipes/x.lua").

@@ -162,7 +162,7 @@ function M.new(cfg, opts)
   -- Tokenizer and data.
   local Tokenizer = require("titan.tokenizer")
   local tok_path = cfg.model.tokenizer
-  if not tok_path:match("^/") then tok_path = require("titan.env").root .. "/" .. tok_path end
+  tok_path = config.resolve_file(tok_path)
   self.tokenizer = Tokenizer.load(tok_path)
   if self.tokenizer.vocab_size > model.args.vocab_size then
     error(("trainer: the tokenizer %s has %d tokens but the model's vocab_size is %d"):format(cfg.model.tokenizer,

@@ -140,6 +140,37 @@ describe("the run's last line", function()
   end)
 end)
 
+describe("model.tokenizer paths", function()
+  it("a relative path is the working directory's file when it is there, else the source tree's", function()
+    local fs = require("titan.checkpoint.fs")
+    assert.are.equal("/abs/tok.json", config.resolve_file("/abs/tok.json"))
+    assert.are.equal(env.root .. "/nonexistent/tok.json", config.resolve_file("nonexistent/tok.json"))
+    -- a user's tokenizer beside their data, run from that folder
+    local dir = os.tmpname() .. ".tokdir"
+    fs.mkdirs(dir)
+    local Tokenizer = require("titan.tokenizer")
+    local small = Tokenizer.train({ vocab_size = 300, texts = { ("a fox and a dog. "):rep(40) } })
+    small:save(dir .. "/tok.json")
+    local n = small.vocab_size
+    small:free()
+    local p = io.popen(("cd '%s' && %s/titan %s/lua/recipes/llama3_debugmodel.lua --model.tokenizer=tok.json "
+      .. "--training.steps=0 --metrics.peak_flops=1e11 --job.dump_folder=out 2>&1; echo rc=$?"):format(dir,
+      env.build_dir, env.root))
+    local out = p:read("*a")
+    p:close()
+    -- and the shipped recipes' assets/... path still works from there
+    local p2 = io.popen(("cd '%s' && %s/titan %s/lua/recipes/llama3_debugmodel.lua --training.steps=0 "
+      .. "--metrics.peak_flops=1e11 --job.dump_folder=out2 2>&1; echo rc=$?"):format(dir, env.build_dir, env.root))
+    local out2 = p2:read("*a")
+    p2:close()
+    os.execute("rm -rf '" .. dir .. "'")
+    assert.truthy(out:find("rc=0", 1, true), out)
+    assert.truthy(out:find(("vocab 2048 (the tokenizer uses %d)"):format(n), 1, true), out)
+    assert.truthy(out2:find("rc=0", 1, true), out2)
+    assert.truthy(out2:find("vocab 2048 |", 1, true), out2)
+  end)
+end)
+
 describe("a loss that is not a number", function()
   it("stops the run at that step with one line naming it and the last checkpoint; nothing of it is saved", function()
     local dump = os.tmpname() .. ".nan"

@@ -76,7 +76,7 @@ local function convert(args)
       local ok, cfg = pcall(function() return config.resolve(config.load_recipe(opts.recipe), {}) end)
       if not ok then die("--recipe %s: %s", opts.recipe, tostring(cfg)) end
       local tok = cfg.model.tokenizer
-      if tok ~= "" and not tok:match("^/") then tok = require("titan.env").root .. "/" .. tok end
+      tok = config.resolve_file(tok)
       from_recipe = { flavor = cfg.model.flavor, name = cfg.model.name, tokenizer = tok ~= "" and tok or nil }
     end
     local flavor = opts["model-flavor"] or from_recipe.flavor

@@ -92,7 +92,7 @@ function M.main(...)
   end
   local Tokenizer = require("titan.tokenizer")
   local tok_path = cfg.model.tokenizer
-  if not tok_path:match("^/") then tok_path = require("titan.env").root .. "/" .. tok_path end
+  tok_path = config.resolve_file(tok_path)
   local tok = Tokenizer.load(tok_path)
   local ids = tok:encode_table(prompt, { bos = true })
   io.write(prompt)
