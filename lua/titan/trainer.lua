@@ -432,6 +432,9 @@ function M.run(recipe, argv)
   ckpt.install_signal_handlers()
   tr:banner()
   if tr.step > 0 then tr.print(("trainer: resumed from step %d"):format(tr.step)) end
+  -- metrics.jsonl is appended to by every run in this dump folder (a resume
+  -- continues it): a record marks where each run starts.
+  tr.logger:write_jsonl({ event = "start", step = tr.step, time = os.time() })
   local losses = tr:train()
   tr:close()
   if not tr.stopped_by then tr.print(tr:summary()) end

@@ -135,8 +135,17 @@ describe("the run's last line", function()
       .. "validation loss [%d.]+ | checkpoint " .. dump:gsub("%p", "%%%0") .. "/checkpoint/step%-4$"), last)
     -- resumed at or past training.steps: says so
     last = last_line(2)
+    -- metrics.jsonl: both runs appended, each from a start record
+    local starts, steps = {}, 0
+    for line in io.lines(dump .. "/metrics.jsonl") do
+      local r = cjson.decode(line)
+      if r.event == "start" then starts[#starts + 1] = r.step; assert.truthy(r.time > 1.7e9, line) end
+      if r.loss then steps = steps + 1 end
+    end
     os.execute("rm -rf '" .. dump .. "'")
     assert.are.equal("trainer: done at step 4 | nothing to train: training.steps = 2", last)
+    assert.are.same({ 0, 4 }, starts)
+    assert.are.equal(2, steps) -- the debug recipe's log_freq 10: step 1 and the last, 4
   end)
 end)
 
