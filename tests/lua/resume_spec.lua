@@ -88,19 +88,23 @@ describe("resume", function()
 end)
 
 describe("preemption", function()
+  -- Trains the debug recipe in the background, sends `signal` once the first
+  -- step has been logged (the handler is installed by then), however slow the
+  -- machine is, and waits: the exit status and the log.
+  local function signalled(dump, extra, signal)
+    local args = table.concat(small(dump, extra), " ")
+    local log = dump .. "/run.log"
+    local rc = os.execute((("%s/titan lua/recipes/llama3_debugmodel.lua %s > %s 2>&1 & pid=$!; "
+      .. "for i in $(seq 1 600); do grep -q '^step:' %s 2>/dev/null && break; sleep 0.2; done; "
+      .. "kill -%s $pid; wait $pid")):format(env.build_dir, args, log, log, signal))
+    return rc, assert(io.open(log)):read("*a")
+  end
+
   it("SIGTERM saves at the next step boundary and exits 0; the next start resumes there", function()
     local dump = tmpdir()
-    local exe = env.build_dir .. "/titan"
-    local args = table.concat(small(dump, { "--checkpoint.enable=true", "--checkpoint.interval=1000",
-      "--training.steps=100000" }), " ")
-    local log = dump .. "/run.log"
-    -- SIGTERM once the first step has been logged (the handler is installed
-    -- by then), however slow the machine is.
-    local rc = os.execute((("%s lua/recipes/llama3_debugmodel.lua %s > %s 2>&1 & pid=$!; "
-      .. "for i in $(seq 1 600); do grep -q '^step:' %s 2>/dev/null && break; sleep 0.2; done; "
-      .. "kill -TERM $pid; wait $pid")):format(exe, args, log, log))
+    local rc, text = signalled(dump, { "--checkpoint.enable=true", "--checkpoint.interval=1000",
+      "--training.steps=100000" }, "TERM")
     assert.truthy(rc == 0 or rc == true, "exit status after SIGTERM")
-    local text = assert(io.open(log)):read("*a")
     local step = tonumber(text:match("SIGTERM: saved step (%d+), stopping"))
     assert.truthy(step and step >= 1, text)
     local f = io.open(("%s/checkpoint/step-%d/metadata.json"):format(dump, step))
@@ -118,14 +122,8 @@ describe("preemption", function()
 
   it("SIGINT with checkpoints off stops at the step boundary and says nothing was saved", function()
     local dump = tmpdir()
-    local exe = env.build_dir .. "/titan"
-    local args = table.concat(small(dump, { "--checkpoint.enable=false", "--training.steps=100000" }), " ")
-    local log = dump .. "/run.log"
-    local rc = os.execute((("%s lua/recipes/llama3_debugmodel.lua %s > %s 2>&1 & pid=$!; "
-      .. "for i in $(seq 1 600); do grep -q '^step:' %s 2>/dev/null && break; sleep 0.2; done; "
-      .. "kill -INT $pid; wait $pid")):format(exe, args, log, log))
+    local rc, text = signalled(dump, { "--checkpoint.enable=false", "--training.steps=100000" }, "INT")
     assert.truthy(rc == 0 or rc == true, "exit status after SIGINT")
-    local text = assert(io.open(log)):read("*a")
     assert.truthy(text:find("trainer: SIGINT: stopping at step %d+; nothing saved %(checkpoint.enable is false%)"), text)
     assert.falsy(text:find("saved step", 1, true), text)
     local fs = require("titan.checkpoint.fs")
