@@ -235,9 +235,10 @@ static void tt_mempool_destroy_locked(tt_pool *pool, tt_mempool *mp) {
 
 /* refused: tt_block_alloc turned the request down before malloc (the host
  * cannot back it), rather than the device's allocator failing. in_pool: a
- * private pool's request, maybe inside a CUDA-graph capture, where the
- * device is not asked for its free memory (cudaMemGetInfo is not a call to
- * make while capturing). */
+ * private pool's request, maybe inside a CUDA-graph capture: a GPU is not
+ * asked for its free memory then (whether cudaMemGetInfo may be called
+ * while capturing was not verified, and a message is not worth the risk of
+ * invalidating the capture). */
 static tt_status tt_oom(tt_device dev, size_t rounded, tt_mem_stats s, int refused, int in_pool) {
   char nm[32], avail[128] = "";
   int64_t free_b = 0, total_b = 0;
@@ -246,8 +247,8 @@ static tt_status tt_oom(tt_device dev, size_t rounded, tt_mem_stats s, int refus
       snprintf(avail, sizeof avail, "; more than the host's %.2f MiB available (of %.2f MiB)",
                (double)free_b / 1048576.0, (double)total_b / 1048576.0);
     else
-      snprintf(avail, sizeof avail, "; the %s has %.2f MiB available of %.2f MiB", dev.type == TT_CPU ? "host" : "device",
-               (double)free_b / 1048576.0, (double)total_b / 1048576.0);
+      snprintf(avail, sizeof avail, "; the %s has %.2f MiB available of %.2f MiB",
+               dev.type == TT_CPU ? "host" : "device", (double)free_b / 1048576.0, (double)total_b / 1048576.0);
   }
   tt_clear_error();
   return tt_error_set(TT_ERR_OOM,

@@ -94,7 +94,7 @@ M.sections = { "job", "model", "optimizer", "lr_scheduler", "training", "validat
   "parallelism", "debug" }
 
 -- One line per key for `titan RECIPE.lua --help` (docs/recipes.md has the
--- long form). config_spec checks that every key has one.
+-- long form). training_spec checks that every key has one, and a row there.
 M.descriptions = {
   ["job.description"] = "free text, printed in the banner",
   ["job.dump_folder"] = "where metrics.jsonl and checkpoints go",

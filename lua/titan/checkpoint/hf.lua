@@ -84,23 +84,29 @@ end
 -- The tokenizer files transformers' AutoTokenizer reads from the export:
 -- tokenizer.json (BOS put in front by its post_processor, as Llama 3's
 -- own, since Titan trains on BOS + document + EOS; merges in the layout
--- every tokenizers version reads) and tokenizer_config.json.
+-- every tokenizers version reads) and tokenizer_config.json. Read up front
+-- into plain Lua values, and the tokenizer freed at once: nothing is left
+-- for the garbage collector if the export fails later.
 local function load_tokenizer(path, a)
   local tok = require("titan.tokenizer").load(path)
-  if tok.vocab_size > a.vocab_size then
-    local n = tok.vocab_size
-    tok:free()
+  local n = tok.vocab_size
+  local ok, t = pcall(function()
+    return { json = tok:to_json({ add_bos = true, merge_strings = true }), bos_id = tok.bos_id, eos_id = tok.eos_id,
+      bos = tok.bos_id and tok:token(tok.bos_id), eos = tok.eos_id and tok:token(tok.eos_id) }
+  end)
+  tok:free()
+  if not ok then error(t, 0) end
+  if n > a.vocab_size then
     fail("the tokenizer %s has %d tokens but the model's vocab_size is %d", path, n, a.vocab_size)
   end
-  return tok
+  return t
 end
 
 local function write_tokenizer(tok, dir, a)
-  fs.write_file(fs.join(dir, "tokenizer.json"), tok:to_json({ add_bos = true, merge_strings = true }))
+  fs.write_file(fs.join(dir, "tokenizer.json"), tok.json)
   local cfg = { tokenizer_class = "PreTrainedTokenizerFast", model_max_length = a.max_seq_len,
-    clean_up_tokenization_spaces = false, model_input_names = json.array({ "input_ids", "attention_mask" }) }
-  if tok.bos_id then cfg.bos_token = tok:token(tok.bos_id) end
-  if tok.eos_id then cfg.eos_token = tok:token(tok.eos_id) end
+    clean_up_tokenization_spaces = false, model_input_names = json.array({ "input_ids", "attention_mask" }),
+    bos_token = tok.bos, eos_token = tok.eos }
   fs.write_file(fs.join(dir, "tokenizer_config.json"), json.encode(cfg, 2) .. "\n")
 end
 
@@ -229,10 +235,7 @@ function M.export(src, out_dir, opts)
     fs.write_file(fs.join(tmp, M.INDEX), json.encode({ metadata = { total_size = total }, weight_map = weight_map }, 2) .. "\n")
   end
   fs.write_file(fs.join(tmp, "config.json"), json.encode(M.config(a, dtype, tok), 2) .. "\n")
-  if tok then
-    write_tokenizer(tok, tmp, a)
-    tok:free()
-  end
+  if tok then write_tokenizer(tok, tmp, a) end
   fs.sync_dir(tmp)
   if fs.is_dir(out_dir) then fs.remove_all(out_dir) end -- an empty folder only (checked above)
   fs.rename(tmp, out_dir)

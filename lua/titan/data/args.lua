@@ -31,10 +31,10 @@ function M.state(name, saved, kind, current)
   for _, k in ipairs(keys) do
     if saved[k] ~= current[k] then
       -- (what a user changes to get here: the data files, seq_len, the ranks; say the ways out)
-      error(("%s: the saved loader state has %s = %s, this dataset has %s = %s (the data, training.seq_len or "
-        .. "the data-parallel ranks changed since the checkpoint: resume with the settings it was saved with, or start the data anew with "
-        .. "--checkpoint.exclude_from_loading=dataloader)"):format(name, k, tostring(saved[k]), k,
-        tostring(current[k])), 0)
+      error(("%s: the saved loader state has %s = %s, this dataset has %s = %s (the data, training.seq_len "
+        .. "or the data-parallel ranks changed since the checkpoint: resume with the settings it was saved "
+        .. "with, or start the data anew with --checkpoint.exclude_from_loading=dataloader)"):format(name, k,
+        tostring(saved[k]), k, tostring(current[k])), 0)
     end
   end
 end
