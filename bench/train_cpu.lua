@@ -4,8 +4,9 @@
 -- over the measured 2048^3 sgemm rate) and peak memory (max RSS of the
 -- process, and the allocator's peak).
 --
---   ./titan bench/train_cpu.lua CONFIG BATCH SEQ STEPS
+--   ./titan bench/train_cpu.lua CONFIG BATCH SEQ STEPS [AC]
 --   CONFIG: debugmodel | 125m
+--   AC: none (default), full, or N (every Nth block): activation checkpointing
 -- Prints one line of `key=value` pairs (read by bench/train_cpu.sh).
 package.path = "./bench/?.lua;" .. package.path
 local titan = require("titan")
@@ -24,6 +25,7 @@ int getrusage(int who, tt_bench_rusage *usage);
 
 local config_name, B, T, steps = arg[1] or "debugmodel", tonumber(arg[2] or 1), tonumber(arg[3] or 2048),
     tonumber(arg[4] or 6)
+local ac = arg[5] or "none"
 local flavors = {
   debugmodel = "debugmodel",
   ["125m"] = { dim = 768, n_layers = 12, n_heads = 12, n_kv_heads = 12, multiple_of = 256, vocab_size = 32000,
@@ -31,7 +33,11 @@ local flavors = {
 }
 local flavor = flavors[config_name] or error("unknown config " .. tostring(config_name))
 local peak = metrics.measure_cpu_peak_flops()
-local model = llama3.build(flavor, { seed = 0 })
+local model = llama3.build(flavor, { device = "meta" })
+local ac_blocks = require("parallel.ac").apply(model, ac == "none" and { mode = "none" } or ac == "full" and
+  { mode = "full" } or { mode = "selective", selective_ac_option = ac })
+model:to_empty("cpu")
+llama3.init_weights(model, 0)
 local V = model.args.vocab_size
 local flops_per_token = llama3.flops_per_token(model, T)
 local opt = optim.AdamW(model:named_parameters(), { lr = 1e-4, betas = { 0.9, 0.95 }, weight_decay = 0.1 })
@@ -65,6 +71,6 @@ local ru = ffi.new("tt_bench_rusage")
 ffi.C.getrusage(0, ru)
 local tok = B * T
 print(("impl=titan config=%s batch=%d seq=%d tps_best=%.1f tps_mean=%.1f mfu=%.4f peak_gflops=%.1f "
-  .. "maxrss_mib=%.1f alloc_peak_mib=%.1f threads=%d"):format(config_name, B, T, tok / best, tok * steps / total,
+  .. "maxrss_mib=%.1f alloc_peak_mib=%.1f threads=%d ac=%s ac_blocks=%d"):format(config_name, B, T, tok / best, tok * steps / total,
   tok / best * flops_per_token / peak, peak / 1e9, tonumber(ru.ru_maxrss) / 1024,
-  titan.memory_stats().peak_allocated / 2 ^ 20, titan.num_threads()))
+  titan.memory_stats().peak_allocated / 2 ^ 20, titan.num_threads(), ac, ac_blocks))

@@ -11,12 +11,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 STEPS="${1:-5}"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
-TITAN=./build/titan
-[ -x "$TITAN" ] || ./titan --version >/dev/null
-core="$("$TITAN" --version | sed -n 's/.*core=\([A-Za-z0-9]*\).*/\1/p')"
-export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-$core}"
-echo "threads=$OMP_NUM_THREADS OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE steps=$STEPS $(date -u +%FT%TZ)"
+source bench/cpu_env.sh
 
 run() { # config batch seq
   local t p

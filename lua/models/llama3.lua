@@ -143,7 +143,25 @@ function Transformer:forward(ids)
   local h = self.tok_embeddings(ids)
   local rope = self:rope_tables(ids:size(2))
   local f
-  for i = 0, self.args.n_layers - 1 do h, f = self.layers[tostring(i)]:forward_parts(h, f, rope) end
+  for i = 0, self.args.n_layers - 1 do
+    local layer = self.layers[tostring(i)]
+    local h_prev, f_prev = h, f
+    if layer.checkpointed then
+      -- Activation checkpointing (lua/parallel/ac.lua) keeps only a block's
+      -- input, so one tensor crosses its boundary: the previous block's
+      -- residual add is done here instead of inside this block's first norm.
+      local x = f_prev and h_prev + f_prev or h_prev
+      h, f = layer(x, rope), nil
+      if x ~= h_prev then x:free() end
+    else
+      -- In its own scope, a block's temporaries go at its end, not the forward's.
+      h, f = titan.scope(layer.forward_parts, layer, h_prev, f_prev, rope)
+    end
+    -- The tapes hold (shared) what the backward needs: the residual stream's
+    -- handles can go now rather than when the caller's scope ends.
+    h_prev:free()
+    if f_prev then f_prev:free() end
+  end
   if f then
     local _
     _, h = self.norm:add_forward(h, f)

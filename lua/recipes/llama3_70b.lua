@@ -10,6 +10,8 @@ return {
     dataset = "fortunes", local_batch_size = 1, seq_len = 8192, steps = 1000, max_norm = 1.0,
     device = "cuda", mixed_precision_param = "bfloat16",
   },
+  -- TorchTitan's 70B and 405B recompute every block's activations
+  activation_checkpoint = { mode = "full" },
   parallelism = { dp_shard = -1, tp = 8 },
   metrics = { log_freq = 10 },
 }

@@ -225,6 +225,66 @@ function M.backward(root, grad, opts)
   end
 end
 
+-- ---- activation checkpointing ----------------------------------------------
+--
+--   local y = autograd.checkpoint(fn, x, ...)      -- as fn(x, ...)
+--
+-- Runs fn without recording, inside its own memory scope, so of everything
+-- fn computes only its result stays; the node keeps fn's tensor arguments.
+-- Its backward runs fn again with recording on, from those arguments
+-- detached, and backpropagates through that copy: fn's activations exist
+-- only during its own backward, for the price of a second forward.
+-- Parameters used inside fn are leaves, so their .grad accumulates in the
+-- recomputation's backward. fn must return one tensor, and give the same
+-- values when run again (no fresh random draws). Non-tensor arguments
+-- (modules, tables, numbers) are passed again as they are.
+function M.checkpoint(fn, ...)
+  if not enabled then return memory.scope(fn, ...) end -- nothing to record: only the result outlives fn
+  local n = select("#", ...)
+  local args = { ... }
+  local inputs, slots = {}, {} -- the tensor arguments (the node's inputs) and their positions
+  for i = 1, n do
+    if getmetatable(args[i]) == tensor.Tensor then
+      inputs[#inputs + 1] = args[i]
+      slots[#slots + 1] = i
+      args[i] = nil -- recomputed from the node's saved copy, not from this handle
+    end
+  end
+  enabled = false
+  local ok, out = pcall(memory.scope, fn, ...)
+  enabled = true
+  if not ok then error(out, 0) end
+  if getmetatable(out) ~= tensor.Tensor then
+    error("autograd.checkpoint: the function must return one tensor, got " .. type(out), 2)
+  end
+  for _, t in ipairs(inputs) do
+    if rawequal(out, t) then return out end -- nothing computed, nothing to recompute
+  end
+  return M.record("checkpoint", out, inputs, #inputs, function(ctx, g)
+    return memory.scope(function()
+      local again, leaves = {}, {}
+      for i = 1, n do again[i] = args[i] end
+      for k, slot in ipairs(slots) do
+        local d = ctx:saved(k):detach()
+        if ctx:needs(k) then d.requires_grad = true end
+        again[slot], leaves[k] = d, d
+      end
+      local prev = enabled
+      enabled = true
+      local ok2, y = pcall(fn, unpack(again, 1, n))
+      enabled = prev
+      if not ok2 then error(y, 0) end
+      -- Nothing inside needed a gradient (no parameter, no input): none to pass on.
+      if y.requires_grad then M.backward(y, g) end
+      local grads = {}
+      for k, d in ipairs(leaves) do
+        grads[k], d.grad = d.grad, nil
+      end
+      return grads
+    end)
+  end, inputs)
+end
+
 -- ---- user-defined differentiable functions ---------------------------------
 --
 --   local Square = autograd.Function {

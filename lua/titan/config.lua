@@ -3,10 +3,11 @@
 -- and one-line errors that list the nearest valid keys.
 --
 -- A recipe is a table of sections (job, model, optimizer, lr_scheduler,
--- training, validation, metrics, checkpoint, parallelism, debug) plus
--- optional Lua functions (loss_fn, train_step, build_data, ...). A recipe
--- derives from another by `base = "llama3_debugmodel"` (a file in
--- lua/recipes/) or by requiring it and changing the table.
+-- training, validation, metrics, checkpoint, activation_checkpoint,
+-- parallelism, debug) plus optional Lua functions (loss_fn, train_step,
+-- build_data, ...). A recipe derives from another by
+-- `base = "llama3_debugmodel"` (a file in lua/recipes/) or by requiring it
+-- and changing the table.
 local M = {}
 
 -- The schema: defaults define the type of each key. `false`/`nil`-able keys
@@ -79,6 +80,10 @@ M.defaults = {
     initial_load_model_only = true,
     create_seed_checkpoint = false, -- initialize, save step 0, exit
   },
+  activation_checkpoint = {
+    mode = "none",                  -- none | full | selective (lua/parallel/ac.lua)
+    selective_ac_option = "2",      -- selective: every Nth block is checkpointed
+  },
   parallelism = {
     dp_shard = -1,
     tp = 1,
@@ -91,7 +96,7 @@ M.defaults = {
 
 -- The sections in the order a recipe reads (help and docs use it).
 M.sections = { "job", "model", "optimizer", "lr_scheduler", "training", "validation", "metrics", "checkpoint",
-  "parallelism", "debug" }
+  "activation_checkpoint", "parallelism", "debug" }
 
 -- One line per key for `titan RECIPE.lua --help` (docs/recipes.md has the
 -- long form). training_spec checks that every key has one, and a row there.
@@ -147,6 +152,8 @@ M.descriptions = {
   ["checkpoint.initial_load_path"] = "start from this checkpoint when the folder has none",
   ["checkpoint.initial_load_model_only"] = "from initial_load_path load the model only",
   ["checkpoint.create_seed_checkpoint"] = "initialize, save step 0, exit",
+  ["activation_checkpoint.mode"] = "none, full or selective: blocks recompute their activations in the backward",
+  ["activation_checkpoint.selective_ac_option"] = "selective: every Nth block is checkpointed",
   ["parallelism.dp_shard"] = "data-parallel shards; -1: all ranks (one process today: -1 or 1)",
   ["parallelism.tp"] = "tensor-parallel degree (one process today: 1)",
   ["parallelism.pp"] = "pipeline-parallel stages (one process today: 1)",
@@ -377,6 +384,10 @@ function M.validate(cfg)
     "training.mixed_precision_reduce: only float32 gradient reduction is available, got '" .. t.mixed_precision_reduce .. "'")
   need(cfg.optimizer.name == "AdamW", "optimizer.name: only AdamW is available, got '" .. cfg.optimizer.name .. "'")
   need(cfg.metrics.log_freq >= 1, "metrics.log_freq must be >= 1")
+  do
+    local ok, err = pcall(require("parallel.ac").frequency, cfg.activation_checkpoint)
+    need(ok, tostring(err))
+  end
   -- The checkpoint manager checks its own section (it touches no files).
   require("titan.checkpoint.manager").new(cfg.checkpoint, {})
 end

@@ -154,6 +154,9 @@ function M.new(cfg, opts)
       t.device == "cpu" and "train it on GPUs (training.device=cuda), or pick a smaller flavor"
       or "it needs sharding over several GPUs (the distributed work), or pick a smaller flavor"), 0)
   end
+  -- Transforms of the built model, in TorchTitan's order (TP, float8, AC,
+  -- FSDP); of those, one process on one device has activation checkpointing.
+  self.ac_blocks, self.n_blocks = require("parallel.ac").apply(model, cfg.activation_checkpoint)
   model:to_empty(t.device)
   family.init_weights(model, t.seed)
   self.model, self.family = model, family
@@ -247,6 +250,11 @@ function Trainer:banner()
     :format(t.local_batch_size, t.seq_len, self.grad_accum,
       metrics.commas(t.local_batch_size * t.seq_len * self.grad_accum * self.world), t.steps, self.peak_flops / 1e9,
       self.cfg.metrics.peak_flops > 0 and "configured" or "measured", metrics.commas(self.flops_per_token)))
+  if self.ac_blocks > 0 then
+    -- (tflops and MFU count the model's FLOPs, not the recomputation's: as TorchTitan's)
+    self.print(("activation checkpointing: %s, %d of %d blocks recompute their activations in the backward")
+      :format(self.cfg.activation_checkpoint.mode, self.ac_blocks, self.n_blocks))
+  end
   io.stdout:flush()
 end
 

@@ -5,7 +5,8 @@
 -- eager gradients bit for bit; replays do not grow memory and freeing the
 -- graph returns its pool; the trainer with training.cuda_graphs (forward +
 -- backward and the update, clipping active, each a graph) gives the eager
--- run's losses (f32 exactly; bf16 exactly in deterministic mode).
+-- run's losses (f32 exactly; bf16 exactly in deterministic mode), with
+-- activation checkpointing too (the recomputation inside the capture).
 -- Exits 77 without a GPU (helpers.lua); the graph step's bookkeeping is also
 -- checked without a GPU by tests/lua/cuda_graph_spec.lua.
 package.path = "./tests/cuda/?.lua;" .. package.path
@@ -143,13 +144,26 @@ describe("cuda graphs", function()
     return losses, table.concat(lines, "\n")
   end
 
+  local eager_f32 -- the plain f32 run's losses, shared by the tests below
+  local function eager() eager_f32 = eager_f32 or train({}, STEPS); return eager_f32 end
+
   it("the trainer with training.cuda_graphs gives the eager losses (f32, exactly)", function()
-    local eager = train({}, STEPS)
+    local eager = eager()
     local graphed, log = train({ "--training.cuda_graphs=true" }, STEPS)
     io.stderr:write("\n  " .. log:gsub("\n", "\n  ") .. "\n")
     assert.truthy(log:find("captured forward + backward", 1, true), log)
     assert.truthy(log:find("captured the update of", 1, true), log) -- clip + AdamW + zero_grad: a graph too
     assert.are.same(eager, graphed)
+  end)
+
+  it("activation checkpointing gives the plain losses, eager and replayed from CUDA graphs (f32, exactly)", function()
+    local plain = eager()
+    local ac = train({ "--activation_checkpoint.mode=full" }, STEPS)
+    assert.are.same(plain, ac)
+    -- the recomputation runs inside the captured backward
+    local graphed, log = train({ "--activation_checkpoint.mode=full", "--training.cuda_graphs=true" }, STEPS)
+    assert.truthy(log:find("captured forward + backward", 1, true), log)
+    assert.are.same(plain, graphed)
   end)
 
   real_it("the trainer with training.cuda_graphs gives the eager losses (bf16, deterministic mode)", function()
