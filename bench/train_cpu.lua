@@ -6,7 +6,7 @@
 --
 --   ./titan bench/train_cpu.lua CONFIG BATCH SEQ STEPS [AC]
 --   CONFIG: debugmodel | 125m
---   AC: none (default), full, or N (every Nth block): activation checkpointing
+--   AC: none (default), full, N (every Nth block) or op (per-op policy): activation checkpointing
 -- Prints one line of `key=value` pairs (read by bench/train_cpu.sh).
 package.path = "./bench/?.lua;" .. package.path
 local titan = require("titan")
@@ -34,8 +34,8 @@ local flavors = {
 local flavor = flavors[config_name] or error("unknown config " .. tostring(config_name))
 local peak = metrics.measure_cpu_peak_flops()
 local model = llama3.build(flavor, { device = "meta" })
-local ac_blocks = require("parallel.ac").apply(model, ac == "none" and { mode = "none" } or ac == "full" and
-  { mode = "full" } or { mode = "selective", selective_ac_option = ac })
+local ac_blocks = require("parallel.ac").apply(model, (ac == "none" or ac == "full") and { mode = ac } or
+  { mode = "selective", selective_ac_option = ac })
 model:to_empty("cpu")
 llama3.init_weights(model, 0)
 local V = model.args.vocab_size

@@ -5,4 +5,6 @@ return {
   base = "llama3_1b",
   job = { description = "Llama 3 8B", dump_folder = "./outputs/llama3_8b" },
   model = { flavor = "8B" },
+  -- TorchTitan's 8B keeps attention and every other linear per block, recomputes the rest
+  activation_checkpoint = { mode = "selective", selective_ac_option = "op" },
 }

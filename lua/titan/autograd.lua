@@ -238,8 +238,61 @@ end
 -- recomputation's backward. fn must return one tensor, and give the same
 -- values when run again (no fresh random draws). Non-tensor arguments
 -- (modules, tables, numbers) are passed again as they are.
-function M.checkpoint(fn, ...)
-  if not enabled then return memory.scope(fn, ...) end -- nothing to record: only the result outlives fn
+--
+--   local y = autograd.checkpoint_ops(policy, fn, x, ...)
+--
+-- The same with a per-op policy (TorchTitan's selective "op" mode): ops
+-- that offer their outputs (F.linear as "linear", F.attention as
+-- "attention") ask policy(kind, count) -- count: the how-manieth op of
+-- that kind in this call of fn -- and the outputs of those it says yes to
+-- are kept from the forward and taken back in the recomputation instead of
+-- computed again.
+
+local sac -- the per-op policy state of the checkpointed forward or recomputation running now
+
+-- For an op that can be saved: the outputs the forward kept for it when
+-- this is a recomputation (fresh handles in the current scope), else nil;
+-- then the op computes and calls sac_store with its outputs.
+function M.sac_lookup(kind)
+  local s = sac
+  if not s then return nil end
+  local c = (s.counts[kind] or 0) + 1
+  s.counts[kind] = c
+  s.want = s.policy(kind, c) and kind or nil
+  if not s.want or not s.replay then return nil end
+  s.next = s.next + 1
+  local entry = s.entries[s.next]
+  if not entry or entry.kind ~= kind then
+    error(("autograd.checkpoint_ops: the recomputation asked for %s #%d, which the forward did not keep (fn took "
+      .. "another path the second time)"):format(kind, c), 0)
+  end
+  local out = {}
+  for i = 1, #entry do out[i] = entry[i]:detach() end
+  s.want = nil
+  return out
+end
+
+function M.sac_store(...)
+  local s = sac
+  if not s or not s.want or s.replay then return end
+  local entry = { kind = s.want }
+  for i = 1, select("#", ...) do entry[i] = share((select(i, ...))) end
+  s.entries[#s.entries + 1] = entry
+  s.want = nil
+end
+
+-- Run f(...) with the policy state st active (restored after, also on error).
+local function with_sac(st, f, ...)
+  local prev = sac
+  sac = st
+  local r = { pcall(f, ...) }
+  sac = prev
+  if not r[1] then error(r[2], 0) end
+  return unpack(r, 2, table.maxn(r))
+end
+
+local function checkpoint(policy, fn, ...)
+  if not enabled then return with_sac(nil, memory.scope, fn, ...) end -- nothing to record: only the result outlives fn
   local n = select("#", ...)
   local args = { ... }
   local inputs, slots = {}, {} -- the tensor arguments (the node's inputs) and their positions
@@ -250,17 +303,27 @@ function M.checkpoint(fn, ...)
       args[i] = nil -- recomputed from the node's saved copy, not from this handle
     end
   end
+  local st = policy and { policy = policy, counts = {}, entries = {} } or nil
   enabled = false
-  local ok, out = pcall(memory.scope, fn, ...)
+  local ok, out = pcall(with_sac, st, memory.scope, fn, ...)
   enabled = true
-  if not ok then error(out, 0) end
+  local kept = {} -- what the policy kept: after the inputs in the node's saved list
+  for _, entry in ipairs(st and st.entries or {}) do
+    for i = 1, #entry do kept[#kept + 1] = entry[i] end
+  end
+  local function drop() for _, t in ipairs(kept) do t:free() end end
+  if not ok then drop(); error(out, 0) end
   if getmetatable(out) ~= tensor.Tensor then
-    error("autograd.checkpoint: the function must return one tensor, got " .. type(out), 2)
+    drop()
+    error("autograd.checkpoint: the function must return one tensor, got " .. type(out), 3)
   end
   for _, t in ipairs(inputs) do
-    if rawequal(out, t) then return out end -- nothing computed, nothing to recompute
+    if rawequal(out, t) then drop(); return out end -- nothing computed, nothing to recompute
   end
-  return M.record("checkpoint", out, inputs, #inputs, function(ctx, g)
+  local saved = {}
+  for k, t in ipairs(inputs) do saved[k] = t end
+  for _, t in ipairs(kept) do saved[#saved + 1] = t end
+  M.record("checkpoint", out, inputs, #inputs, function(ctx, g)
     return memory.scope(function()
       local again, leaves = {}, {}
       for i = 1, n do again[i] = args[i] end
@@ -269,11 +332,27 @@ function M.checkpoint(fn, ...)
         if ctx:needs(k) then d.requires_grad = true end
         again[slot], leaves[k] = d, d
       end
+      local replay
+      if policy then -- the kept outputs, from the node's saved list, in the forward's order
+        local entries, j = {}, #inputs
+        for e, entry in ipairs(st.entries) do
+          entries[e] = { kind = entry.kind }
+          for i = 1, #entry do
+            j = j + 1
+            entries[e][i] = ctx:saved(j)
+          end
+        end
+        replay = { policy = policy, counts = {}, entries = entries, replay = true, next = 0 }
+      end
       local prev = enabled
       enabled = true
-      local ok2, y = pcall(fn, unpack(again, 1, n))
+      local ok2, y = pcall(with_sac, replay, fn, unpack(again, 1, n))
       enabled = prev
       if not ok2 then error(y, 0) end
+      if replay and replay.next < #replay.entries then
+        error(("autograd.checkpoint_ops: the recomputation used %d of the %d outputs the forward kept (fn took "
+          .. "another path the second time)"):format(replay.next, #replay.entries), 0)
+      end
       -- Nothing inside needed a gradient (no parameter, no input): none to pass on.
       if y.requires_grad then M.backward(y, g) end
       local grads = {}
@@ -282,8 +361,13 @@ function M.checkpoint(fn, ...)
       end
       return grads
     end)
-  end, inputs)
+  end, saved)
+  drop() -- the node holds its own references now
+  return out
 end
+
+function M.checkpoint(fn, ...) return checkpoint(nil, fn, ...) end
+function M.checkpoint_ops(policy, fn, ...) return checkpoint(policy, fn, ...) end
 
 -- ---- user-defined differentiable functions ---------------------------------
 --

@@ -82,7 +82,7 @@ M.defaults = {
   },
   activation_checkpoint = {
     mode = "none",                  -- none | full | selective (lua/parallel/ac.lua)
-    selective_ac_option = "2",      -- selective: every Nth block is checkpointed
+    selective_ac_option = "2",      -- selective: "N" (every Nth block) or "op" (per-op policy)
   },
   parallelism = {
     dp_shard = -1,
@@ -153,7 +153,7 @@ M.descriptions = {
   ["checkpoint.initial_load_model_only"] = "from initial_load_path load the model only",
   ["checkpoint.create_seed_checkpoint"] = "initialize, save step 0, exit",
   ["activation_checkpoint.mode"] = "none, full or selective: blocks recompute their activations in the backward",
-  ["activation_checkpoint.selective_ac_option"] = "selective: every Nth block is checkpointed",
+  ["activation_checkpoint.selective_ac_option"] = "selective: N (every Nth block) or op (per-op policy)",
   ["parallelism.dp_shard"] = "data-parallel shards; -1: all ranks (one process today: -1 or 1)",
   ["parallelism.tp"] = "tensor-parallel degree (one process today: 1)",
   ["parallelism.pp"] = "pipeline-parallel stages (one process today: 1)",
@@ -385,7 +385,7 @@ function M.validate(cfg)
   need(cfg.optimizer.name == "AdamW", "optimizer.name: only AdamW is available, got '" .. cfg.optimizer.name .. "'")
   need(cfg.metrics.log_freq >= 1, "metrics.log_freq must be >= 1")
   do
-    local ok, err = pcall(require("parallel.ac").frequency, cfg.activation_checkpoint)
+    local ok, err = pcall(require("parallel.ac").plan, cfg.activation_checkpoint)
     need(ok, tostring(err))
   end
   -- The checkpoint manager checks its own section (it touches no files).

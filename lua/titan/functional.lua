@@ -23,9 +23,18 @@ local nvalid = ffi.new("int64_t[1]")
 function M.linear(x, w, b)
   local shape = x:shape()
   local din = shape[#shape]
-  o1[0] = nil
-  check(C.tt_op_linear(cptr(x), cptr(w), b and cptr(b) or nil, o1), 2)
-  local y = wrap(o1[0])
+  -- Under a per-op checkpointing policy the output may be kept from the
+  -- forward (autograd.checkpoint_ops): then the recomputation takes it back.
+  local kept = autograd.sac_lookup("linear")
+  local y
+  if kept then
+    y = kept[1]
+  else
+    o1[0] = nil
+    check(C.tt_op_linear(cptr(x), cptr(w), b and cptr(b) or nil, o1), 2)
+    y = wrap(o1[0])
+    autograd.sac_store(y)
+  end
   local bias_dtype = b and b:dtype()
   if needs(x, w, b) then
     record("linear", y, { x, w, b }, 3, function(ctx, g)
@@ -189,9 +198,16 @@ function M.attention(q, k, v, opts)
   opts = opts or {}
   local causal = opts.causal ~= false
   local scale = opts.scale or 1 / math.sqrt(q:size(-1))
-  o1[0], o2[0] = nil, nil
-  check(C.tt_op_attention(cptr(q), cptr(k), cptr(v), causal and 1 or 0, scale, o1, o2), 2)
-  local out, lse = wrap(o1[0]), wrap(o2[0])
+  local out, lse
+  local kept = autograd.sac_lookup("attention") -- (as in linear)
+  if kept then
+    out, lse = kept[1], kept[2]
+  else
+    o1[0], o2[0] = nil, nil
+    check(C.tt_op_attention(cptr(q), cptr(k), cptr(v), causal and 1 or 0, scale, o1, o2), 2)
+    out, lse = wrap(o1[0]), wrap(o2[0])
+    autograd.sac_store(out, lse)
+  end
   if needs(q, k, v) then
     record("attention", out, { q, k, v }, 3, function(ctx, g)
       local gc = g:is_contiguous() and g or g:clone()

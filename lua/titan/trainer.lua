@@ -252,8 +252,10 @@ function Trainer:banner()
       self.cfg.metrics.peak_flops > 0 and "configured" or "measured", metrics.commas(self.flops_per_token)))
   if self.ac_blocks > 0 then
     -- (tflops and MFU count the model's FLOPs, not the recomputation's: as TorchTitan's)
-    self.print(("activation checkpointing: %s, %d of %d blocks recompute their activations in the backward")
-      :format(self.cfg.activation_checkpoint.mode, self.ac_blocks, self.n_blocks))
+    local ac = self.cfg.activation_checkpoint
+    self.print(("activation checkpointing: %s, %d of %d blocks recompute their activations in the backward%s")
+      :format(ac.mode, self.ac_blocks, self.n_blocks, (ac.mode == "selective" and ac.selective_ac_option == "op")
+        and " (per op: attention and every other linear kept)" or ""))
   end
   io.stdout:flush()
 end

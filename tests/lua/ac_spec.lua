@@ -151,17 +151,76 @@ describe("autograd.checkpoint", function()
   end)
 end)
 
+describe("autograd.checkpoint_ops (per-op policy)", function()
+  -- a = x @ w1^T is the op a policy may keep; w1 changes between the forward
+  -- and the backward, so a recomputed `a` differs from the forward's.
+  local function two_linears(x, w1, w2) return titan.F.linear(titan.F.linear(x, w1):silu(), w2) end
+  local function w2_grad(how)
+    local w = weights(6)
+    local x = titan.keep(titan.randn({ 8, 16 }))
+    local calls = {}
+    local policy = function(kind, count)
+      calls[#calls + 1] = kind .. count
+      return kind == "linear" and count == 1
+    end
+    titan.scope(function()
+      local y
+      if how == "plain" then y = two_linears(x, w[1], w[2])
+      elseif how == "checkpoint" then y = autograd.checkpoint(two_linears, x, w[1], w[2])
+      else y = autograd.checkpoint_ops(policy, two_linears, x, w[1], w[2]) end
+      titan.no_grad(function() w[1]:add_(titan.ones(w[1]:shape())) end)
+      y:sum():backward()
+    end)
+    local g = flat(w[2].grad)
+    free_all({ x, w[1], w[2], w[3] })
+    return g, calls
+  end
+
+  it("takes a kept output back in the recomputation instead of computing it again", function()
+    local plain = w2_grad("plain")
+    local kept, calls = w2_grad("ops")
+    local recomputed = w2_grad("checkpoint")
+    assert.are.same(plain, kept)          -- dW2 from the forward's silu(a): the kept a
+    assert.are_not.same(plain, recomputed) -- a computed again from the changed w1
+    -- the policy is asked the same questions in the forward and in the recomputation
+    assert.are.same({ "linear1", "linear2", "linear1", "linear2" }, calls)
+  end)
+
+  it("refuses a recomputation that takes another path than the forward", function()
+    local x = titan.keep(titan.randn({ 4, 16 })):requires_grad_()
+    local w = weights(7)
+    local runs = 0
+    local function fn(t)
+      runs = runs + 1
+      if runs == 1 then return titan.F.linear(t, w[1]) end
+      return t * 2
+    end
+    titan.scope(function()
+      local y = autograd.checkpoint_ops(function() return true end, fn, x)
+      local ok, err = pcall(function() y:sum():backward() end)
+      assert.is_false(ok)
+      assert.matches("the recomputation", err, 1, true)
+    end)
+    free_all({ x, w[1], w[2], w[3] })
+  end)
+end)
+
 describe("activation_checkpoint config", function()
-  it("modes map to a block frequency; bad values get one line naming the key", function()
-    assert.are.equal(0, ac.frequency({ mode = "none", selective_ac_option = "2" }))
-    assert.are.equal(1, ac.frequency({ mode = "full", selective_ac_option = "2" }))
-    assert.are.equal(3, ac.frequency({ mode = "selective", selective_ac_option = "3" }))
+  it("modes map to a plan; bad values get one line naming the key", function()
+    assert.are.same({ every = 0 }, ac.plan({ mode = "none", selective_ac_option = "2" }))
+    assert.are.same({ every = 1 }, ac.plan({ mode = "full", selective_ac_option = "2" }))
+    assert.are.same({ every = 3 }, ac.plan({ mode = "selective", selective_ac_option = "3" }))
+    assert.are.same({ every = 1, policy = ac.op_policy }, ac.plan({ mode = "selective", selective_ac_option = "op" }))
+    -- TorchTitan's op policy: attention, and the 1st, 3rd, ... linear of a block
+    assert.are.same({ true, false, true, false, true, false, true, true },
+      { ac.op_policy("linear", 1), ac.op_policy("linear", 2), ac.op_policy("linear", 3), ac.op_policy("linear", 4),
+        ac.op_policy("linear", 5), ac.op_policy("linear", 6), ac.op_policy("linear", 7), ac.op_policy("attention", 1) })
     local recipe = config.load_recipe("llama3_debugmodel")
     local cases = {
       { "--activation_checkpoint.mode=some", "activation_checkpoint.mode must be none, full or selective, got 'some'" },
-      { "--activation_checkpoint.selective_ac_option=op", "selective_ac_option = op (per-op selective checkpointing) "
-        .. "is not available" },
-      { "--activation_checkpoint.selective_ac_option=0", "must be a positive integer N (every Nth block), got '0'" },
+      { "--activation_checkpoint.selective_ac_option=ops", "must be op or a positive integer N (every Nth block), got "
+        .. "'ops'" },
+      { "--activation_checkpoint.selective_ac_option=0", "must be op or a positive integer N (every Nth block), got '0'" },
       { "--activation_checkpoint.selective_ac_option=1.5", "got '1.5'" },
     }
     for _, c in ipairs(cases) do
@@ -174,7 +233,7 @@ describe("activation_checkpoint config", function()
     end
     -- the option is read only in selective mode
     assert.truthy(config.resolve(recipe, { "--activation_checkpoint.mode=full",
-      "--activation_checkpoint.selective_ac_option=op" }))
+      "--activation_checkpoint.selective_ac_option=x" }))
   end)
 
   it("wraps blocks N, 2N, ... counted from 1, as TorchTitan does", function()
@@ -229,19 +288,23 @@ describe("Llama 3 with activation checkpointing", function()
     local g_sel, m_sel = grads_and_memory("selective", "2")
     local g_full, m_full = grads_and_memory("full")
     local g_sel3 = grads_and_memory("selective", "3") -- a checkpointed block after a plain one, and the reverse
+    local g_op, m_op = grads_and_memory("selective", "op")
     assert.are.same(g_none, g_sel)
     assert.are.same(g_none, g_full)
     assert.are.same(g_none, g_sel3)
+    assert.are.same(g_none, g_op)
     assert.truthy(m_full < m_sel and m_sel < m_none, ("held after forward: full %d, selective %d, none %d")
       :format(m_full, m_sel, m_none))
+    assert.truthy(m_full < m_op and m_op < m_none, ("held after forward: full %d, op %d, none %d")
+      :format(m_full, m_op, m_none))
   end)
 
   it("trains with the plain run's losses, and the banner says how many blocks recompute", function()
-    local function run(mode)
+    local function run(mode, option)
       local recipe = config.load_recipe("llama3_debugmodel")
       local cfg = config.resolve(recipe, { "--job.dump_folder=" .. os.tmpname() .. ".d", "--metrics.enable_jsonl=false",
         "--metrics.peak_flops=1e11", "--training.seq_len=64", "--training.local_batch_size=2",
-        "--activation_checkpoint.mode=" .. mode })
+        "--activation_checkpoint.mode=" .. mode, "--activation_checkpoint.selective_ac_option=" .. (option or "2") })
       local lines = {}
       local tr = trainer.new(cfg, { print = function(l) lines[#lines + 1] = l end })
       tr:banner()
@@ -253,8 +316,12 @@ describe("Llama 3 with activation checkpointing", function()
     end
     local plain, plain_log = run("none")
     local full, full_log = run("full")
+    local op, op_log = run("selective", "op")
     assert.are.same(plain, full)
+    assert.are.same(plain, op)
     assert.matches("activation checkpointing: full, 6 of 6 blocks recompute their activations", full_log, 1, true)
+    assert.matches("activation checkpointing: selective, 6 of 6 blocks recompute their activations in the backward "
+      .. "(per op: attention and every other linear kept)", op_log, 1, true)
     assert.is_nil(plain_log:find("activation checkpointing", 1, true))
   end)
 end)
