@@ -50,7 +50,8 @@ echo
 echo "ac: none, 2 (every 2nd block), op (per-op policy; no PyTorch 1.13 peer), full (every block);"
 echo "(x) = against the same implementation's none"
 echo
-echo "| config | batch x seq | ac | titan tok/s | pytorch tok/s | titan alloc peak MiB | titan max RSS MiB | pytorch max RSS MiB |"
+echo "| config | batch x seq | ac | titan tok/s | pytorch tok/s | titan alloc peak MiB | titan max RSS MiB |" \
+  "pytorch max RSS MiB |"
 echo "|---|---|---|---|---|---|---|---|"
 cat "$SUMMARY"
 rm -f "$SUMMARY"

@@ -71,6 +71,6 @@ local ru = ffi.new("tt_bench_rusage")
 ffi.C.getrusage(0, ru)
 local tok = B * T
 print(("impl=titan config=%s batch=%d seq=%d tps_best=%.1f tps_mean=%.1f mfu=%.4f peak_gflops=%.1f "
-  .. "maxrss_mib=%.1f alloc_peak_mib=%.1f threads=%d ac=%s ac_blocks=%d"):format(config_name, B, T, tok / best, tok * steps / total,
-  tok / best * flops_per_token / peak, peak / 1e9, tonumber(ru.ru_maxrss) / 1024,
+  .. "maxrss_mib=%.1f alloc_peak_mib=%.1f threads=%d ac=%s ac_blocks=%d"):format(config_name, B, T, tok / best,
+  tok * steps / total, tok / best * flops_per_token / peak, peak / 1e9, tonumber(ru.ru_maxrss) / 1024,
   titan.memory_stats().peak_allocated / 2 ^ 20, titan.num_threads(), ac, ac_blocks))

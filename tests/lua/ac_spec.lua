@@ -48,7 +48,7 @@ describe("autograd.checkpoint", function()
     assert.are.same(results[1], results[2])
   end)
 
-  it("runs the function once in the forward and once more in the backward, and keeps only its tensor arguments", function()
+  it("runs fn once in the forward and once more in the backward, and keeps only its tensor arguments", function()
     local w = weights(2)
     local calls = 0
     local function f(x, ww)
@@ -220,7 +220,8 @@ describe("activation_checkpoint config", function()
       { "--activation_checkpoint.mode=some", "activation_checkpoint.mode must be none, full or selective, got 'some'" },
       { "--activation_checkpoint.selective_ac_option=ops", "must be op or a positive integer N (every Nth block), got "
         .. "'ops'" },
-      { "--activation_checkpoint.selective_ac_option=0", "must be op or a positive integer N (every Nth block), got '0'" },
+      { "--activation_checkpoint.selective_ac_option=0",
+        "must be op or a positive integer N (every Nth block), got '0'" },
       { "--activation_checkpoint.selective_ac_option=1.5", "got '1.5'" },
     }
     for _, c in ipairs(cases) do
