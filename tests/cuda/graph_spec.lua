@@ -145,10 +145,10 @@ describe("cuda graphs", function()
   end
 
   local eager_f32 -- the plain f32 run's losses, shared by the tests below
-  local function eager() eager_f32 = eager_f32 or train({}, STEPS); return eager_f32 end
+  local function eager_losses() eager_f32 = eager_f32 or train({}, STEPS); return eager_f32 end
 
   it("the trainer with training.cuda_graphs gives the eager losses (f32, exactly)", function()
-    local eager = eager()
+    local eager = eager_losses()
     local graphed, log = train({ "--training.cuda_graphs=true" }, STEPS)
     io.stderr:write("\n  " .. log:gsub("\n", "\n  ") .. "\n")
     assert.truthy(log:find("captured forward + backward", 1, true), log)
@@ -157,7 +157,7 @@ describe("cuda graphs", function()
   end)
 
   it("activation checkpointing gives the plain losses, eager and replayed from CUDA graphs (f32, exactly)", function()
-    local plain = eager()
+    local plain = eager_losses()
     local ac = train({ "--activation_checkpoint.mode=full" }, STEPS)
     assert.are.same(plain, ac)
     -- per op (attention's output and statistics kept from the forward), the
