@@ -6,11 +6,13 @@
  *   titan repl                   interactive prompt with the library loaded
  *   titan test [CTEST ARGS]      build, then run the whole suite through ctest
  *   titan busted FILES...        run busted specs inside this interpreter
+ *   titan --nproc N ARGS...      the same ARGS in N processes (mpirun), one rank each
  *   titan --version | --help
  *
  * The classic Lua C API is used only here, at start-up, to set paths and
  * arguments; everything after that goes through the FFI.
  */
+#include <errno.h>
 #include <lauxlib.h>
 #include <limits.h>
 #include <lua.h>
@@ -36,6 +38,7 @@ static const char *tt_usage =
     "       titan repl                   interactive prompt (require \"titan\" is preloaded as `titan`)\n"
     "       titan test [CTEST ARGS...]   build and run the whole test suite (ctest)\n"
     "       titan busted SPEC...         run busted specs inside titan\n"
+    "       titan --nproc N RECIPE.lua [...]   N ranks on this host (mpirun): data-parallel training\n"
     "       titan --version | --help\n"
     "environment: TITAN_HOME (source tree with lua/), OMP_NUM_THREADS, OPENBLAS_CORETYPE, TITAN_TRACEBACK=1\n";
 
@@ -141,6 +144,65 @@ static int tt_lua_command(const char *name) {
   return access(path, R_OK) == 0;
 }
 
+/* titan --nproc N ARGS...: this executable N times under mpirun, each rank
+ * with its share of the cores. Ranks learn their place from mpirun's
+ * environment (lua/titan/dist.lua); under mpirun or srun directly, the
+ * same happens without this. */
+static int tt_launch(int argc, char **argv, const char *count, int first) {
+  char *end = NULL;
+  long n = strtol(count, &end, 10);
+  if (!*count || *end || n < 1 || n > 4096) {
+    fprintf(stderr, "titan: --nproc '%s': expected a number of processes from 1 to 4096\n", count);
+    return 1;
+  }
+  if (first >= argc) {
+    fprintf(stderr, "titan: --nproc %ld needs what to run (e.g. titan --nproc %ld RECIPE.lua)\n", n, n);
+    return 1;
+  }
+  char exe[PATH_MAX];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len <= 0) snprintf(exe, sizeof exe, "%s", argv[0]);
+  else exe[len] = 0;
+  /* Each rank's OpenMP and OpenBLAS threads: the cores shared out, unless set. */
+  if (!getenv("OMP_NUM_THREADS")) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN), per = cores > n ? cores / n : 1;
+    char buf[32];
+    snprintf(buf, sizeof buf, "%ld", per);
+    setenv("OMP_NUM_THREADS", buf, 1);
+  }
+  char **av = calloc((size_t)argc + 16, sizeof *av);
+  if (!av) return 1;
+  int k = 0;
+  if (n == 1) {
+    av[k++] = exe;
+  } else {
+    /* (root in a container, as CI runs: Open MPI refuses root unless told) */
+    if (geteuid() == 0) {
+      setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+      setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+    }
+    static char np[32];
+    snprintf(np, sizeof np, "%ld", n);
+    av[k++] = "mpirun";
+    av[k++] = "-np";
+    av[k++] = np;
+    av[k++] = "--oversubscribe"; /* more ranks than cores still runs (slowly) */
+    av[k++] = "--bind-to";
+    av[k++] = "none"; /* each rank's threads pick their cores */
+    av[k++] = "-x";
+    av[k++] = "OMP_NUM_THREADS";
+    av[k++] = exe;
+  }
+  for (int i = first; i < argc; i++) av[k++] = argv[i];
+  av[k] = NULL;
+  fflush(stdout);
+  execvp(av[0], av);
+  fprintf(stderr, "titan: --nproc %ld: cannot run %s (%s)%s\n", n, av[0], strerror(errno),
+          n > 1 ? "; multi-process runs need Open MPI: apt-get install openmpi-bin libopenmpi-dev" : "");
+  free(av);
+  return 1;
+}
+
 static int tt_run_string(lua_State *L, const char *code, const char *name) {
   int st = luaL_loadbuffer(L, code, strlen(code), name);
   if (st == 0) st = tt_pcall(L, 0);
@@ -176,6 +238,8 @@ int main(int argc, char **argv) {
     }
     return 0;
   }
+  if (!strcmp(argv[1], "--nproc")) return tt_launch(argc, argv, argc > 2 ? argv[2] : "", 3);
+  if (!strncmp(argv[1], "--nproc=", 8)) return tt_launch(argc, argv, argv[1] + 8, 2);
   tt_find_root();
   if (!strcmp(argv[1], "test")) {
     /* Build first (a no-op when nothing changed), then ctest. */
@@ -245,6 +309,7 @@ int main(int argc, char **argv) {
     }
     st = tt_report(L, st);
   }
-  lua_close(L);
+  lua_close(L); /* (frees the process groups first) */
+  tt_dist_shutdown(st != 0);
   return st ? 1 : 0;
 }

@@ -610,13 +610,17 @@ void tt_signal_clear(void);
 /* ---- collectives (engine/dist.c, engine/dist_nccl.c) ---------------------- */
 /* A process group over `world` ranks with a backend: "fake" (this process
  * pretends to be rank r of N: collectives keep shapes right and copy local
- * data — dry runs, memory estimates, the REPL; exact at world 1) or "nccl"
- * (CUDA tensors; NCCL's unique id travels through the launcher, e.g. MPI).
- * Collectives run on the device's communication stream, fenced by events
+ * data — dry runs, memory estimates, the REPL; exact at world 1), "mpi"
+ * (CPU tensors across processes; rank and world must be MPI_COMM_WORLD's;
+ * MPI is initialized by the first such group) or "nccl" (CUDA tensors;
+ * NCCL's unique id travels through the launcher, e.g. MPI). NCCL
+ * collectives run on the device's communication stream, fenced by events
  * against its compute stream. Shapes: all_gather/reduce_scatter concatenate
  * or split rank chunks along dim 0. */
 typedef struct tt_group tt_group;
 typedef enum { TT_RED_SUM = 0, TT_RED_AVG = 1, TT_RED_MAX = 2, TT_RED_MIN = 3 } tt_reduce_kind;
+/* 1 when this build has the backend ("fake", "mpi", "nccl"), else 0. */
+int tt_dist_backend_built(const char *name);
 /* NCCL's unique id (128 bytes) for rank 0 to share; TT_ERR_UNSUPPORTED without NCCL. */
 tt_status tt_dist_unique_id(uint8_t *out, size_t cap, size_t *len);
 tt_status tt_group_new(const char *backend, int rank, int world, const uint8_t *unique_id, size_t id_len,
@@ -635,6 +639,10 @@ tt_status tt_dist_all_to_all(tt_group *g, const tt_tensor *in, tt_tensor *out);
 tt_status tt_dist_send(tt_group *g, const tt_tensor *t, int peer);
 tt_status tt_dist_recv(tt_group *g, tt_tensor *t, int peer);
 tt_status tt_dist_barrier(tt_group *g);
+/* On the way out of a process: finalizes MPI if a group started it and
+ * the run succeeded (a failed rank exits without it, so the launcher stops
+ * the job rather than wait for it). A no-op otherwise. */
+void tt_dist_shutdown(int failed);
 
 /* TT_CDEF_END */
 

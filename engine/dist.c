@@ -1,8 +1,7 @@
 /*
  * dist.c — process groups and the one place collectives are validated.
  * Backends (dist.h) do the communication: "fake" here, "nccl" in
- * dist_nccl.c; "mpi" (CPU tensors across processes) belongs to the
- * distributed work and plugs into the same table.
+ * dist_nccl.c, "mpi" (CPU tensors across processes) in dist_mpi.c.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -13,17 +12,24 @@
 static const tt_dist_backend *tt_dist_find(const char *name) {
   if (!name || !strcmp(name, "fake")) return tt_dist_backend_fake();
   if (!strcmp(name, "nccl")) return tt_dist_backend_nccl();
+  if (!strcmp(name, "mpi")) return tt_dist_backend_mpi();
   return NULL;
 }
+
+int tt_dist_backend_built(const char *name) { return tt_dist_find(name) != NULL; }
 
 tt_status tt_group_new(const char *backend, int rank, int world, const uint8_t *unique_id, size_t id_len, int device,
                        tt_group **out) {
   *out = NULL;
   const tt_dist_backend *be = tt_dist_find(backend);
-  if (!be)
-    return tt_error_set(!backend || strcmp(backend, "nccl") ? TT_ERR_INVALID : TT_ERR_UNSUPPORTED,
-                        "group: backend '%s' is %s; expected fake or nccl", backend ? backend : "(null)",
-                        backend && !strcmp(backend, "nccl") ? "not built (no CUDA/NCCL in this build)" : "unknown");
+  if (!be) {
+    int nccl = backend && !strcmp(backend, "nccl"), mpi = backend && !strcmp(backend, "mpi");
+    return tt_error_set(nccl || mpi ? TT_ERR_UNSUPPORTED : TT_ERR_INVALID,
+                        "group: backend '%s' is %s; expected fake, mpi or nccl", backend ? backend : "(null)",
+                        nccl  ? "not built (no CUDA/NCCL in this build)"
+                        : mpi ? "not built (Open MPI was not found at configure time: apt-get install libopenmpi-dev)"
+                              : "unknown");
+  }
   if (world < 1 || rank < 0 || rank >= world)
     return tt_error_set(TT_ERR_INVALID, "group: rank %d is not in [0, %d)", rank, world);
   tt_group *g = calloc(1, sizeof *g);
@@ -75,6 +81,9 @@ static tt_status tt_chk_coll(const char *op, const tt_group *g, const tt_tensor 
                         SHP(t, s));
   if (!strcmp(g->be->name, "nccl") && t->device.type != TT_CUDA)
     return tt_error_set(TT_ERR_DEVICE, "%s: the nccl backend needs CUDA tensors, got %s on the host", op, SHP(t, s));
+  if (!strcmp(g->be->name, "mpi") && t->device.type != TT_CPU)
+    return tt_error_set(TT_ERR_DEVICE, "%s: the mpi backend needs CPU tensors, got %s on %s", op, SHP(t, s),
+                        t->device.type == TT_CUDA ? "a GPU (use the nccl backend)" : "the meta device");
   return TT_OK;
 }
 
@@ -239,6 +248,11 @@ static const tt_dist_backend tt_fake = {
 };
 
 const tt_dist_backend *tt_dist_backend_fake(void) { return &tt_fake; }
+
+#ifndef TITAN_HAVE_MPI
+const tt_dist_backend *tt_dist_backend_mpi(void) { return NULL; }
+void tt_dist_shutdown(int failed) { (void)failed; }
+#endif
 
 #ifndef TITAN_HAVE_CUDA
 const tt_dist_backend *tt_dist_backend_nccl(void) { return NULL; }

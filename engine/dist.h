@@ -31,6 +31,8 @@ struct tt_group {
 };
 
 const tt_dist_backend *tt_dist_backend_fake(void);
+/* NULL when built without Open MPI. */
+const tt_dist_backend *tt_dist_backend_mpi(void);
 /* NULL when built without NCCL. */
 const tt_dist_backend *tt_dist_backend_nccl(void);
 

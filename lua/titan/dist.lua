@@ -6,9 +6,14 @@
 --   local part = g:reduce_scatter(full, "avg")
 --
 -- Backends: "fake" (this process stands for rank r of `world`: right
--- shapes, exact at world 1 — dry runs, memory estimates, the REPL) and
--- "nccl" (CUDA tensors; rank 0's dist.unique_id() reaches the other ranks
--- through the launcher).
+-- shapes, exact at world 1 — dry runs, memory estimates, the REPL), "mpi"
+-- (CPU tensors across processes started by `titan --nproc N`, mpirun or
+-- srun) and "nccl" (CUDA tensors; rank 0's dist.unique_id() reaches the
+-- other ranks through the launcher).
+--
+--   local env = dist.env()                  -- { rank, world, local_rank, launcher }
+--   local g = dist.world_group()            -- the mpi group of all ranks; nil in a single process
+--   local all = g:gather_object(v)          -- { v of rank 0, ..., v of rank W-1 } (JSON-able values)
 local tensor = require("titan.tensor")
 local tffi = require("titan.ffi")
 local ffi, C, check = tffi.ffi, tffi.C, tffi.check
@@ -37,6 +42,10 @@ function M.unique_id()
   check(C.tt_dist_unique_id(buf, 256, len), 2)
   return ffi.string(buf, len[0])
 end
+
+-- Whether this build has a backend: "fake", "mpi" (Open MPI found at
+-- configure time), "nccl" (TITAN_CUDA).
+function M.built(backend) return C.tt_dist_backend_built(backend) ~= 0 end
 
 -- opts: backend ("fake"), rank (0), world (1), unique_id (string), device (0)
 function M.new_group(opts)
@@ -103,12 +112,82 @@ function Group:send(t, peer) check(C.tt_dist_send(self._c, tensor.cptr(t), peer)
 function Group:recv(t, peer) check(C.tt_dist_recv(self._c, tensor.cptr(t), peer), 2); return t end
 function Group:barrier() check(C.tt_dist_barrier(self._c), 2) end
 
+-- Any JSON-able Lua value from every rank, in rank order (two all_gathers:
+-- the lengths, then the bytes padded to the longest). Numbers round-trip
+-- exactly (the checkpoint's JSON writer).
+function Group:gather_object(v)
+  local json = require("titan.checkpoint.json")
+  local s = json.encode(v)
+  local n = self:size()
+  local len = tensor.tensor({ #s }, { dtype = "int64" })
+  local lens = self:all_gather(len)
+  local sizes = lens:tolist_flat()
+  len:free(); lens:free()
+  local width = 1
+  for _, k in ipairs(sizes) do width = math.max(width, k) end
+  local mine = tensor.zeros({ width }, { dtype = "uint8" })
+  ffi.copy(C.tt_tensor_data(tensor.cptr(mine)), s, #s)
+  local all = self:all_gather(mine)
+  local base = ffi.cast("const char *", C.tt_tensor_data(tensor.cptr(all)))
+  local out = {}
+  for r = 1, n do out[r] = json.decode(ffi.string(base + (r - 1) * width, sizes[r])) end
+  mine:free(); all:free()
+  return out
+end
+
+-- Sums of a list of numbers over the ranks (float64), e.g. a step's loss
+-- and token count.
+function Group:sum_numbers(list)
+  local t = tensor.tensor(list, { dtype = "float64" })
+  self:all_reduce(t, "sum")
+  local out = t:tolist_flat()
+  t:free()
+  return out
+end
+
 function Group:free()
   if self._c ~= nil then
     ffi.gc(self._c, nil)
     C.tt_group_free(self._c)
     self._c = nil
   end
+end
+
+-- Where this process sits, from the launcher's environment: Open MPI
+-- (mpirun, titan --nproc) or Slurm (srun).
+-- getenv: for tests (default os.getenv).
+function M.env(getenv)
+  getenv = getenv or os.getenv
+  local function num(name)
+    local v = getenv(name)
+    return v and tonumber(v)
+  end
+  local launchers = {
+    { "mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK" },
+    { "srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID" },
+  }
+  for _, l in ipairs(launchers) do
+    local rank, world = num(l[2]), num(l[3])
+    if rank and world then
+      if world < 1 or rank < 0 or rank >= world or rank % 1 ~= 0 or world % 1 ~= 0 then
+        error(("dist: %s=%s and %s=%s from the launcher; expected 0 <= rank < world"):format(l[2],
+          tostring(getenv(l[2])), l[3], tostring(getenv(l[3]))), 0)
+      end
+      return { rank = rank, world = world, local_rank = num(l[4]) or 0, launcher = l[1] }
+    end
+  end
+  return { rank = 0, world = 1, local_rank = 0, launcher = "none" }
+end
+
+local world_group
+-- The group of every rank of this job over MPI (created once), or nil when
+-- this process runs alone.
+function M.world_group()
+  if world_group then return world_group end
+  local e = M.env()
+  if e.world == 1 then return nil end
+  world_group = M.new_group({ backend = "mpi", rank = e.rank, world = e.world })
+  return world_group
 end
 
 return M

@@ -16,6 +16,7 @@ local metrics = require("titan.metrics")
 local ckpt = require("titan.checkpoint")
 local memory = require("titan.memory")
 local ops = require("titan.ops")
+local dist = require("titan.dist")
 local F = titan.F
 
 local M = {}
@@ -30,13 +31,16 @@ function M.loss_fn(logits, targets, ctx)
   return F.cross_entropy(logits:reshape(-1, V), targets:reshape(-1), { num_tokens = ctx.num_tokens })
 end
 
--- The micro-batches of one optimizer step, and the real tokens in them.
+-- The micro-batches of one optimizer step, and the real tokens in them
+-- over every data-parallel rank (each rank's loss is its tokens' share of
+-- the global mean, so the ranks' gradients add up to the global batch's).
 function M.next_batches(tr)
   local batches, num_tokens = {}, 0
   for i = 1, tr.grad_accum do
     batches[i] = tr.data.train:next()
     num_tokens = num_tokens + (batches[i].num_tokens or batches[i].targets:numel())
   end
+  if tr.dp then num_tokens = tr.dp:sum_numbers({ num_tokens })[1] end
   return batches, num_tokens
 end
 
@@ -97,27 +101,61 @@ local function mkdir_p(path)
   if not ok then error(("trainer: job.dump_folder: %s"):format((tostring(err):gsub("^checkpoint: ", ""))), 0) end
 end
 
--- The parallelism section names TorchTitan's degrees so recipes carry them,
--- but this trainer runs one process on one device: a degree above 1 would
--- otherwise be ignored and the job would train something else than asked.
-local function check_parallelism(p)
+-- The parallelism degrees against the ranks this job has (TorchTitan's
+-- keys and their -1 = "the ranks left"). Of the parallelisms, replicated
+-- data parallelism (DDP) runs today; a degree that asks for another is
+-- refused, never ignored: the job would train something else than asked.
+-- Returns the data-parallel degree.
+local function resolve_parallelism(p, world)
   local function refuse(key, v, what, expected)
-    error(("trainer: parallelism.%s = %s, but this trainer runs one process on one device (%s comes with the "
-      .. "distributed work); expected %s"):format(key, tostring(v), what, expected), 0)
+    error(("trainer: parallelism.%s = %s, but %s is not built yet (data parallelism replicates: DDP); expected %s")
+      :format(key, tostring(v), what, expected), 0)
   end
   if p.tp ~= 1 then refuse("tp", p.tp, "tensor parallelism", "parallelism.tp=1") end
   if p.pp ~= 1 then refuse("pp", p.pp, "pipeline parallelism", "parallelism.pp=1") end
-  if p.dp_shard ~= -1 and p.dp_shard ~= 1 then
-    refuse("dp_shard", p.dp_shard, "data parallelism", "parallelism.dp_shard=-1 or 1")
+  local rep, shard = p.dp_replicate, p.dp_shard
+  for key, v in pairs({ dp_replicate = rep, dp_shard = shard }) do
+    if v ~= -1 and (v < 1 or v % 1 ~= 0) then
+      error(("trainer: parallelism.%s = %s; expected a positive degree or -1 (the ranks left)"):format(key, v), 0)
+    end
   end
+  if rep == -1 and shard == -1 then
+    error("trainer: parallelism.dp_replicate and dp_shard are both -1; expected at most one of them to take "
+      .. "the ranks left", 0)
+  end
+  if rep == -1 then rep = world / shard end
+  if shard == -1 then shard = world / rep end
+  if rep * shard ~= world then
+    error(("trainer: parallelism.dp_replicate x dp_shard = %s x %s, but the job has %d rank(s); expected their "
+      .. "product to be the number of ranks (titan --nproc N)"):format(tostring(p.dp_replicate),
+      tostring(p.dp_shard), world), 0)
+  end
+  if shard > 1 then
+    refuse("dp_shard", p.dp_shard == -1 and ("-1 (%d ranks)"):format(shard) or p.dp_shard,
+      "FSDP sharding", ("--parallelism.dp_replicate=%d --parallelism.dp_shard=1"):format(world))
+  end
+  return rep
 end
 
 -- opts.print: where log lines go (default stdout).
 function M.new(cfg, opts)
   opts = opts or {}
   local self = setmetatable({ cfg = cfg }, Trainer)
-  self.print = opts.print or function(line) io.stdout:write(line, "\n"); io.stdout:flush() end
   local t = cfg.training
+  -- Ranks: from the launcher (titan --nproc N, mpirun, srun); one process otherwise.
+  local env = dist.env()
+  self.rank, self.world = env.rank, env.world
+  if self.world > 1 and t.device ~= "cpu" then
+    error(("trainer: %d ranks on training.device = %s: data parallelism runs over MPI on the CPU today "
+      .. "(NCCL across GPUs is not wired into the trainer yet); expected training.device=cpu"):format(self.world,
+      t.device), 0)
+  end
+  resolve_parallelism(cfg.parallelism, self.world)
+  if self.world > 1 then self.dp = dist.world_group() end
+  -- Log lines come from rank 0 (every rank computes the same ones).
+  self.print = opts.print or function(line)
+    if self.rank == 0 then io.stdout:write(line, "\n"); io.stdout:flush() end
+  end
   if t.threads > 0 then titan.set_num_threads(t.threads) end
   titan.set_deterministic(cfg.debug.deterministic)
   titan.set_allow_tf32(t.allow_tf32)
@@ -132,8 +170,6 @@ function M.new(cfg, opts)
     error("trainer: training.mixed_precision_param = bfloat16 needs training.device=cuda; the CPU kernels compute "
       .. "in float32 or float64 (expected float32 on the CPU)", 0)
   end
-  check_parallelism(cfg.parallelism)
-  self.rank, self.world = 0, 1 -- data parallelism arrives with the distributed work
 
   -- Model: built on meta first, so the size check costs nothing.
   local family = require("models." .. cfg.model.name)
@@ -207,7 +243,7 @@ function M.new(cfg, opts)
   if peak <= 0 then peak = measured and metrics.measure_cpu_peak_flops() or 989e12 end
   self.peak_flops = peak
   self.logger = metrics.Logger({
-    jsonl_path = cfg.metrics.enable_jsonl and (cfg.job.dump_folder .. "/metrics.jsonl") or nil,
+    jsonl_path = cfg.metrics.enable_jsonl and self.rank == 0 and (cfg.job.dump_folder .. "/metrics.jsonl") or nil,
     device = t.device, peak_flops = peak, flops_per_token = flops, rank = self.rank, print = self.print,
     remeasure_peak = measured and metrics.measure_cpu_peak_flops or nil,
   })
@@ -215,8 +251,10 @@ function M.new(cfg, opts)
 
   -- Checkpoints: resume from the latest complete one (or load_step), unless
   -- this run only creates the seed checkpoint.
+  local dp = self.dp
   self.checkpoint = ckpt.Manager(cfg.checkpoint, { dump_folder = cfg.job.dump_folder, rank = self.rank,
-    world = self.world, log = function(line) self.print(line) end })
+    world = self.world, log = function(line) self.print(line) end,
+    gather = dp and function(v) return dp:gather_object(v) end, barrier = dp and function() dp:barrier() end })
   self.checkpoint:prepare()
   if not cfg.checkpoint.create_seed_checkpoint then
     local state = self:ckpt_state()
@@ -250,6 +288,10 @@ function Trainer:banner()
     :format(t.local_batch_size, t.seq_len, self.grad_accum,
       metrics.commas(t.local_batch_size * t.seq_len * self.grad_accum * self.world), t.steps, self.peak_flops / 1e9,
       self.cfg.metrics.peak_flops > 0 and "configured" or "measured", metrics.commas(self.flops_per_token)))
+  if self.dp then
+    self.print(("data parallel: %d ranks (DDP over MPI: gradients summed in ~25 MB buckets each step), %d threads "
+      .. "each; tps and MFU are per rank"):format(self.world, titan.num_threads()))
+  end
   if self.ac_blocks > 0 then
     -- (tflops and MFU count the model's FLOPs, not the recomputation's: as TorchTitan's)
     local ac = self.cfg.activation_checkpoint
@@ -285,6 +327,51 @@ function Trainer:validate()
     self.last_val_loss = total / ntok
   end
   return ntok > 0 and total / ntok or nil
+end
+
+-- Data parallelism (DDP): every rank's gradients summed over the ranks,
+-- in place (each rank's loss was already its share of the global mean),
+-- and the step's loss summed the same way. Gradients go in buckets of
+-- about 25 MB (DDP's default) packed into one buffer: one collective per
+-- bucket, not per parameter. Returns the global loss.
+function Trainer:reduce_gradients(params, loss)
+  local dp = self.dp
+  local bucket_elems = math.floor(25 * 2 ^ 20 / 4)
+  local pending, n = {}, 0
+  local function flush()
+    if #pending == 0 then return end
+    if #pending == 1 then
+      dp:all_reduce(pending[1], "sum")
+    else
+      titan.scope(function()
+        local flat = titan.empty({ n }, { dtype = pending[1]:dtype() })
+        local off = 1
+        for _, g in ipairs(pending) do
+          local k = g:numel()
+          flat:narrow(1, off, k):copy_(g:reshape(k))
+          off = off + k
+        end
+        dp:all_reduce(flat, "sum")
+        off = 1
+        for _, g in ipairs(pending) do
+          local k = g:numel()
+          g:copy_(flat:narrow(1, off, k):reshape(g:shape()))
+          off = off + k
+        end
+      end)
+    end
+    pending, n = {}, 0
+  end
+  for _, p in ipairs(params) do
+    local g = p.grad
+    if g then
+      if #pending > 0 and (n + g:numel() > bucket_elems or g:dtype() ~= pending[1]:dtype()) then flush() end
+      pending[#pending + 1] = g
+      n = n + g:numel()
+    end
+  end
+  flush()
+  return dp:sum_numbers({ loss })[1]
 end
 
 -- After the gradients of a step: clip them, step the optimizer, zero them.
@@ -352,6 +439,7 @@ function Trainer:train(until_step)
     local factor = self.schedule.factor(step)
     self.optimizer:set_lr_factor(factor)
     local loss, ntok = self:train_step(step)
+    if self.dp then loss = self:reduce_gradients(params, loss) end
     if loss ~= loss or loss == math.huge or loss == -math.huge then
       -- Stop before the update: the weights stay those of the last good step, and
       -- nothing of this step is logged or saved.

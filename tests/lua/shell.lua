@@ -10,6 +10,14 @@ function M.run(cmd)
   return (out:gsub("__rc=%d+%s*$", "")), tonumber(out:match("__rc=(%d+)%s*$"))
 end
 
+-- A new empty directory under /tmp.
+function M.tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  os.execute("mkdir -p " .. d)
+  return d
+end
+
 -- s as one single-quoted shell word.
 function M.quote(s) return "'" .. (tostring(s):gsub("'", "'\\''")) .. "'" end
 

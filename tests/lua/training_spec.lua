@@ -246,9 +246,9 @@ describe("bad recipes", function()
     local file = os.tmpname()
     local debug = "lua/recipes/llama3_debugmodel.lua "
     local cmdline = {
-      { debug .. "--parallelism.tp=2", "parallelism.tp = 2, but this trainer runs one process on one device" },
-      { debug .. "--parallelism.pp=4", "parallelism.pp = 4, but this trainer runs one process on one device" },
-      { debug .. "--parallelism.dp_shard=8", "expected parallelism.dp_shard=-1 or 1" },
+      { debug .. "--parallelism.tp=2", "parallelism.tp = 2, but tensor parallelism is not built yet" },
+      { debug .. "--parallelism.pp=4", "parallelism.pp = 4, but pipeline parallelism is not built yet" },
+      { debug .. "--parallelism.dp_shard=8", "dp_replicate x dp_shard = 1 x 8, but the job has 1 rank(s)" },
       { debug .. "--model.flavor=405B", "llama3 405B has 405.85B parameters and needs ~6048 GiB" },
       { debug .. "--training.mixed_precision_param=bfloat16", "bfloat16 needs training.device=cuda" },
       -- values the trainer used to take silently (or stop on with a Lua source position, after the banner)

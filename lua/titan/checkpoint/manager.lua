@@ -120,6 +120,10 @@ function Manager:save(step, parts, opts)
   if self.last_saved == step and self.last_model_only == model_only then return format.step_dir(self.folder, step) end
   local dtype = opts.final and self.cfg.last_save_model_only and self.cfg.export_dtype or nil
   local items, ts = state.collect(parts, { model_only = model_only, dtype = dtype, shard_of = self.shard_of })
+  -- Each data-parallel rank reads its own share of the data: every rank's
+  -- position is kept (ts.dataloader stays rank 0's, so a reader that knows
+  -- one rank, or a resume onto other ranks, sees a state it can check).
+  if self.world > 1 and ts.dataloader then ts.dataloader_ranks = self.gather(ts.dataloader) end
   if self.world > 1 then -- write each replicated box once (the lowest rank holding it)
     local mine = {}
     for i, it in ipairs(items) do mine[i] = { name = it.name, offset = it.offset, size = it.tensor:shape() } end
@@ -288,7 +292,8 @@ function Manager:load(parts)
   end
   local ck = format.open(dir)
   if ck.step == 0 then model_only = true end -- a seed checkpoint
-  local ts = state.restore(ck, parts, { model_only = model_only, exclude = self.exclude, shard_of = self.shard_of })
+  local ts = state.restore(ck, parts, { model_only = model_only, exclude = self.exclude, shard_of = self.shard_of,
+    rank = self.rank })
   model_only = model_only or ck.meta.model_only
   local step = initial and 0 or ck.step
   local info = { path = dir, model_only = model_only, extra = {} }

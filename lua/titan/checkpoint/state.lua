@@ -169,9 +169,14 @@ function M.restore(ck, parts, opts)
     opt.step_count = ts.optimizer.step_count or 0
     opt.lr_factor = ts.optimizer.lr_factor
   end
-  if parts.dataloader and not model_only and not exclude.dataloader and ts.dataloader
-    and ts.dataloader ~= json.null and parts.dataloader.load_state_dict then
-    parts.dataloader:load_state_dict(ts.dataloader)
+  -- (a data-parallel save keeps every rank's position: this rank's, when it has one)
+  local dl = ts.dataloader
+  if type(ts.dataloader_ranks) == "table" and type(ts.dataloader_ranks[(opts.rank or 0) + 1]) == "table" then
+    dl = ts.dataloader_ranks[(opts.rank or 0) + 1]
+  end
+  if parts.dataloader and not model_only and not exclude.dataloader and dl
+    and dl ~= json.null and parts.dataloader.load_state_dict then
+    parts.dataloader:load_state_dict(dl)
   end
   return ts
 end

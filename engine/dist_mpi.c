@@ -1,0 +1,283 @@
+/*
+ * dist_mpi.c — the "mpi" collectives backend: CPU tensors across processes
+ * (Open MPI), for real multi-process runs on one host (`titan --nproc N`)
+ * or several (mpirun/srun). Rank and world come from MPI_COMM_WORLD; the
+ * values a caller passes must agree with them, so a launcher mix-up is an
+ * error rather than a silently different layout.
+ *
+ * MPI is initialized by the first mpi group (not at program start: a
+ * single-process run never touches it) and finalized by tt_dist_shutdown,
+ * which the executable calls on its way out.
+ */
+#ifdef TITAN_HAVE_MPI
+#include <limits.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist.h"
+
+typedef struct {
+  MPI_Comm comm;
+} tt_mpi;
+
+static tt_mpi *impl(tt_group *g) { return (tt_mpi *)g->impl; }
+
+static tt_status mpi_err(const char *what, int rc) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "error %d", rc);
+  return tt_error_set(TT_ERR_INTERNAL, "mpi: %s failed: %s", what, msg);
+}
+
+#define MPI_TRY(what, call)               \
+  do {                                    \
+    int rc_ = (call);                     \
+    if (rc_ != MPI_SUCCESS) return mpi_err(what, rc_); \
+  } while (0)
+
+/* Reductions need a real MPI type; moves go as bytes (bf16, f16, fp8 too). */
+static tt_status mpi_reduce_type(int dtype, MPI_Datatype *out) {
+  switch (dtype) {
+    case TT_F32: *out = MPI_FLOAT; return TT_OK;
+    case TT_F64: *out = MPI_DOUBLE; return TT_OK;
+    case TT_I32: *out = MPI_INT32_T; return TT_OK;
+    case TT_I64: *out = MPI_INT64_T; return TT_OK;
+    case TT_U8: case TT_BOOL: *out = MPI_UINT8_T; return TT_OK;
+    default: break;
+  }
+  return tt_error_set(TT_ERR_DTYPE, "mpi: dtype %s cannot be reduced on the CPU (expected float32, float64 or an "
+                      "integer dtype; reduce gradients in float32)", tt_dtype_name(dtype));
+}
+
+static tt_status mpi_op(int op, int dtype, MPI_Op *out) {
+  switch (op) {
+    case TT_RED_SUM: *out = MPI_SUM; return TT_OK;
+    case TT_RED_MAX: *out = MPI_MAX; return TT_OK;
+    case TT_RED_MIN: *out = MPI_MIN; return TT_OK;
+    case TT_RED_AVG:
+      if (dtype != TT_F32 && dtype != TT_F64)
+        return tt_error_set(TT_ERR_DTYPE, "mpi: avg of %s; expected float32 or float64", tt_dtype_name(dtype));
+      *out = MPI_SUM; /* then divided by the group size */
+      return TT_OK;
+    default: break;
+  }
+  return tt_error_set(TT_ERR_INVALID, "mpi: unknown reduction %d", op);
+}
+
+static void divide(void *p, int64_t n, int dtype, int size) {
+  if (dtype == TT_F32) {
+    float *x = p, s = (float)size;
+    for (int64_t i = 0; i < n; i++) x[i] /= s;
+  } else {
+    double *x = p, s = (double)size;
+    for (int64_t i = 0; i < n; i++) x[i] /= s;
+  }
+}
+
+/* MPI counts are ints: long buffers go in pieces of at most 2^30 elements. */
+#define TT_MPI_PIECE ((int64_t)1 << 30)
+
+static int initialized_here;
+
+static tt_status mpi_init(tt_group *g, const uint8_t *id, size_t id_len) {
+  (void)id, (void)id_len;
+  int inited = 0, provided = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    /* Only the main thread calls MPI (the checkpoint writer thread does file I/O). */
+    MPI_TRY("MPI_Init_thread", MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided));
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    initialized_here = 1;
+  }
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (rank != g->rank || size != g->size)
+    return tt_error_set(TT_ERR_INVALID,
+                        "mpi: this process is rank %d of %d in MPI_COMM_WORLD, but the group was asked for rank %d "
+                        "of %d (launch with titan --nproc N or mpirun -np N, and let the ranks come from it)",
+                        rank, size, g->rank, g->size);
+  tt_mpi *m = calloc(1, sizeof *m);
+  if (!m) return tt_error_set(TT_ERR_OOM, "mpi: out of host memory");
+  int rc = MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
+  if (rc != MPI_SUCCESS) {
+    free(m);
+    return mpi_err("MPI_Comm_dup", rc);
+  }
+  MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+  g->impl = m;
+  return TT_OK;
+}
+
+static void mpi_destroy(tt_group *g) {
+  tt_mpi *m = impl(g);
+  if (!m) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Comm_free(&m->comm);
+  free(m);
+  g->impl = NULL;
+}
+
+static tt_status mpi_split(tt_group *g, int color, int key, tt_group *out) {
+  tt_mpi *m = calloc(1, sizeof *m);
+  if (!m) return tt_error_set(TT_ERR_OOM, "mpi: out of host memory");
+  int rc = MPI_Comm_split(impl(g)->comm, color < 0 ? MPI_UNDEFINED : color, key, &m->comm);
+  if (rc != MPI_SUCCESS) {
+    free(m);
+    return mpi_err("MPI_Comm_split", rc);
+  }
+  if (m->comm == MPI_COMM_NULL) {
+    free(m);
+    return tt_error_set(TT_ERR_INVALID, "group split: color %d leaves rank %d in no group; expected a color >= 0",
+                        color, g->rank);
+  }
+  MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(m->comm, &out->rank);
+  MPI_Comm_size(m->comm, &out->size);
+  out->impl = m;
+  return TT_OK;
+}
+
+static tt_status mpi_all_reduce(tt_group *g, tt_tensor *t, int op) {
+  MPI_Datatype dt = MPI_FLOAT;
+  MPI_Op mop = MPI_SUM;
+  TT_TRY(mpi_reduce_type(t->dtype, &dt));
+  TT_TRY(mpi_op(op, t->dtype, &mop));
+  char *p = tt_tensor_data(t);
+  int64_t n = tt_tensor_numel(t), esz = (int64_t)tt_dtype_size(t->dtype);
+  for (int64_t i = 0; i < n; i += TT_MPI_PIECE) {
+    int c = (int)(n - i < TT_MPI_PIECE ? n - i : TT_MPI_PIECE);
+    MPI_TRY("MPI_Allreduce", MPI_Allreduce(MPI_IN_PLACE, p + i * esz, c, dt, mop, impl(g)->comm));
+  }
+  if (op == TT_RED_AVG && g->size > 1) divide(p, n, t->dtype, g->size);
+  return TT_OK;
+}
+
+static tt_status fits_int(const char *op, int64_t n) {
+  if (n > INT_MAX)
+    return tt_error_set(TT_ERR_SHAPE, "mpi: %s of %lld elements per rank; at most %d", op, (long long)n, INT_MAX);
+  return TT_OK;
+}
+
+static tt_status mpi_reduce_scatter(tt_group *g, const tt_tensor *in, tt_tensor *out, int op) {
+  MPI_Datatype dt = MPI_FLOAT;
+  MPI_Op mop = MPI_SUM;
+  TT_TRY(mpi_reduce_type(in->dtype, &dt));
+  TT_TRY(mpi_op(op, in->dtype, &mop));
+  int64_t n = tt_tensor_numel(out);
+  TT_TRY(fits_int("reduce_scatter", n));
+  MPI_TRY("MPI_Reduce_scatter_block",
+          MPI_Reduce_scatter_block(tt_tensor_data(in), tt_tensor_data(out), (int)n, dt, mop, impl(g)->comm));
+  if (op == TT_RED_AVG && g->size > 1) divide(tt_tensor_data(out), n, out->dtype, g->size);
+  return TT_OK;
+}
+
+/* Moves: one "element" is a contiguous run of the dtype's bytes. */
+static tt_status bytes_type(int dtype, MPI_Datatype *dt) {
+  size_t esz = tt_dtype_size(dtype);
+  if (esz == 1) {
+    *dt = MPI_BYTE;
+    return TT_OK;
+  }
+  MPI_TRY("MPI_Type_contiguous", MPI_Type_contiguous((int)esz, MPI_BYTE, dt));
+  MPI_TRY("MPI_Type_commit", MPI_Type_commit(dt));
+  return TT_OK;
+}
+
+static void bytes_type_free(MPI_Datatype *dt) {
+  if (*dt != MPI_BYTE) MPI_Type_free(dt);
+}
+
+static tt_status mpi_all_gather(tt_group *g, const tt_tensor *in, tt_tensor *out) {
+  int64_t n = tt_tensor_numel(in);
+  TT_TRY(fits_int("all_gather", n));
+  MPI_Datatype dt = MPI_BYTE;
+  TT_TRY(bytes_type(in->dtype, &dt));
+  int rc = MPI_Allgather(tt_tensor_data(in), (int)n, dt, tt_tensor_data(out), (int)n, dt, impl(g)->comm);
+  bytes_type_free(&dt);
+  return rc == MPI_SUCCESS ? TT_OK : mpi_err("MPI_Allgather", rc);
+}
+
+static tt_status mpi_broadcast(tt_group *g, tt_tensor *t, int root) {
+  MPI_Datatype dt = MPI_BYTE;
+  TT_TRY(bytes_type(t->dtype, &dt));
+  char *p = tt_tensor_data(t);
+  int64_t n = tt_tensor_numel(t), esz = (int64_t)tt_dtype_size(t->dtype);
+  int rc = MPI_SUCCESS;
+  for (int64_t i = 0; i < n && rc == MPI_SUCCESS; i += TT_MPI_PIECE) {
+    int c = (int)(n - i < TT_MPI_PIECE ? n - i : TT_MPI_PIECE);
+    rc = MPI_Bcast(p + i * esz, c, dt, root, impl(g)->comm);
+  }
+  bytes_type_free(&dt);
+  return rc == MPI_SUCCESS ? TT_OK : mpi_err("MPI_Bcast", rc);
+}
+
+static tt_status mpi_all_to_all(tt_group *g, const tt_tensor *in, tt_tensor *out) {
+  int64_t chunk = tt_tensor_numel(in) / g->size;
+  TT_TRY(fits_int("all_to_all", chunk));
+  MPI_Datatype dt = MPI_BYTE;
+  TT_TRY(bytes_type(in->dtype, &dt));
+  int rc = MPI_Alltoall(tt_tensor_data(in), (int)chunk, dt, tt_tensor_data(out), (int)chunk, dt, impl(g)->comm);
+  bytes_type_free(&dt);
+  return rc == MPI_SUCCESS ? TT_OK : mpi_err("MPI_Alltoall", rc);
+}
+
+/* Point to point: one message per piece, tag = piece index. */
+static tt_status mpi_p2p(tt_group *g, tt_tensor *t, int peer, int sending) {
+  MPI_Datatype dt = MPI_BYTE;
+  TT_TRY(bytes_type(t->dtype, &dt));
+  char *p = tt_tensor_data(t);
+  int64_t n = tt_tensor_numel(t), esz = (int64_t)tt_dtype_size(t->dtype);
+  int rc = MPI_SUCCESS, tag = 0;
+  for (int64_t i = 0; i < n && rc == MPI_SUCCESS; i += TT_MPI_PIECE, tag++) {
+    int c = (int)(n - i < TT_MPI_PIECE ? n - i : TT_MPI_PIECE);
+    rc = sending ? MPI_Send(p + i * esz, c, dt, peer, tag, impl(g)->comm)
+                 : MPI_Recv(p + i * esz, c, dt, peer, tag, impl(g)->comm, MPI_STATUS_IGNORE);
+  }
+  bytes_type_free(&dt);
+  return rc == MPI_SUCCESS ? TT_OK : mpi_err(sending ? "MPI_Send" : "MPI_Recv", rc);
+}
+
+static tt_status mpi_send(tt_group *g, const tt_tensor *t, int peer) { return mpi_p2p(g, (tt_tensor *)t, peer, 1); }
+static tt_status mpi_recv(tt_group *g, tt_tensor *t, int peer) { return mpi_p2p(g, t, peer, 0); }
+
+static tt_status mpi_barrier(tt_group *g) {
+  MPI_TRY("MPI_Barrier", MPI_Barrier(impl(g)->comm));
+  return TT_OK;
+}
+
+static const tt_dist_backend tt_mpi_backend = {
+    .name = "mpi",
+    .init = mpi_init,
+    .destroy = mpi_destroy,
+    .split = mpi_split,
+    .all_reduce = mpi_all_reduce,
+    .reduce_scatter = mpi_reduce_scatter,
+    .all_gather = mpi_all_gather,
+    .broadcast = mpi_broadcast,
+    .all_to_all = mpi_all_to_all,
+    .send = mpi_send,
+    .recv = mpi_recv,
+    .barrier = mpi_barrier,
+};
+
+const tt_dist_backend *tt_dist_backend_mpi(void) { return &tt_mpi_backend; }
+
+/* A clean exit finalizes MPI (every rank does, so the launcher sees a
+ * finished job). A failing rank does not: MPI_Finalize waits for the other
+ * ranks, which may be blocked in a collective this rank will never join;
+ * exiting without it makes mpirun stop the whole job instead of hanging. */
+void tt_dist_shutdown(int failed) {
+  int inited = 0, finalized = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (!inited || finalized || !initialized_here) return;
+  if (!failed) MPI_Finalize();
+}
+
+#else
+typedef int tt_dist_mpi_unused;
+#endif

@@ -1,0 +1,106 @@
+-- Run by tests/lua/mpi_spec.lua on every rank of `titan --nproc N`: each
+-- collective of the mpi backend against the values every rank can work
+-- out for itself. A mismatch is an error (the rank exits non-zero); each
+-- check passed prints "rank R ok NAME".
+local titan = require("titan")
+local dist = require("titan.dist")
+
+local g = assert(dist.world_group(), "mpi_worker: expected to run under titan --nproc N (N > 1)")
+local r, n = g:rank(), g:size()
+
+local function same(name, got, want, tol)
+  assert(#got == #want, ("%s: %d values, expected %d"):format(name, #got, #want))
+  for i = 1, #want do
+    if math.abs(got[i] - want[i]) > (tol or 0) then
+      error(("rank %d %s: element %d is %s, expected %s"):format(r, name, i, tostring(got[i]), tostring(want[i])), 0)
+    end
+  end
+  print(("rank %d ok %s"):format(r, name))
+end
+
+-- all_reduce: every op and the float and integer dtypes
+local function sum_of(f) local s = 0; for q = 0, n - 1 do s = s + f(q) end; return s end
+for _, dt in ipairs({ "float32", "float64", "int64", "int32" }) do
+  local t = titan.tensor({ r + 1, -(r + 1), 7 }, { dtype = dt })
+  g:all_reduce(t, "sum")
+  same("all_reduce sum " .. dt, t:tolist_flat(), { sum_of(function(q) return q + 1 end),
+    -sum_of(function(q) return q + 1 end), 7 * n })
+  t = titan.tensor({ r + 1, -(r + 1) }, { dtype = dt })
+  g:all_reduce(t, "max")
+  same("all_reduce max " .. dt, t:tolist_flat(), { n, -1 })
+  t = titan.tensor({ r + 1, -(r + 1) }, { dtype = dt })
+  g:all_reduce(t, "min")
+  same("all_reduce min " .. dt, t:tolist_flat(), { 1, -n })
+end
+local t = titan.tensor({ 2 * r, 1 }, { dtype = "float32" })
+g:all_reduce(t, "avg")
+same("all_reduce avg float32", t:tolist_flat(), { n - 1, 1 }, 1e-6)
+
+-- all_gather (also bfloat16: moved as bytes, not converted)
+local mine = titan.tensor({ { r, 10 * r } }, { dtype = "float32" })
+local want = {}
+for q = 0, n - 1 do want[#want + 1] = q; want[#want + 1] = 10 * q end
+same("all_gather float32", g:all_gather(mine):tolist_flat(), want)
+same("all_gather bfloat16", g:all_gather(mine:to("bfloat16")):to("float32"):tolist_flat(), want)
+
+-- reduce_scatter: rank r holds full[q] = q + r for every chunk q
+local full = {}
+for q = 0, n - 1 do full[#full + 1] = { q + r, 1 } end
+local part = g:reduce_scatter(titan.tensor(full, { dtype = "float64" }), "sum")
+same("reduce_scatter sum", part:tolist_flat(), { n * r + sum_of(function(q) return q end), n })
+part = g:reduce_scatter(titan.tensor(full, { dtype = "float32" }), "avg")
+same("reduce_scatter avg", part:tolist_flat(), { r + sum_of(function(q) return q end) / n, 1 }, 1e-6)
+
+-- broadcast from the last rank
+local b = titan.tensor({ r, r, r }, { dtype = "int64" })
+g:broadcast(b, n - 1)
+same("broadcast", b:tolist_flat(), { n - 1, n - 1, n - 1 })
+
+-- all_to_all: rank r sends 100 r + q to rank q
+local out = {}
+for q = 0, n - 1 do out[#out + 1] = 100 * r + q end
+local got = g:all_to_all(titan.tensor(out, { dtype = "int32" }))
+want = {}
+for q = 0, n - 1 do want[#want + 1] = 100 * q + r end
+same("all_to_all", got:tolist_flat(), want)
+
+-- send/recv around a ring (even ranks send first, so no rank waits on itself)
+local nxt, prv = (r + 1) % n, (r - 1 + n) % n
+local box = titan.zeros({ 4 }, { dtype = "float32" })
+local msg = titan.full({ 4 }, r + 0.5, { dtype = "float32" })
+if r % 2 == 0 then g:send(msg, nxt); g:recv(box, prv) else g:recv(box, prv); g:send(msg, nxt) end
+same("send/recv", box:tolist_flat(), { prv + 0.5, prv + 0.5, prv + 0.5, prv + 0.5 })
+
+-- split: one group of everyone ordered backwards, and singletons
+local rev = g:split(0, n - 1 - r)
+assert(rev:rank() == n - 1 - r and rev:size() == n, "split: reversed ranks")
+local s = titan.tensor({ rev:rank() }, { dtype = "float64" })
+rev:broadcast(s, 0) -- rank 0 of the reversed group is world rank n - 1
+same("split", s:tolist_flat(), { 0 })
+local alone = g:split(r, 0)
+assert(alone:size() == 1 and alone:rank() == 0, "split: a color per rank")
+print(("rank %d ok split singletons"):format(r))
+
+-- Lua values and sums (what the trainer and the checkpoint manager use)
+local objs = g:gather_object({ rank = r, big = 2 ^ 53 - r, name = "r" .. r })
+for q = 0, n - 1 do
+  assert(objs[q + 1].rank == q and objs[q + 1].big == 2 ^ 53 - q and objs[q + 1].name == "r" .. q, "gather_object")
+end
+print(("rank %d ok gather_object"):format(r))
+same("sum_numbers", g:sum_numbers({ r, 0.25 }), { sum_of(function(q) return q end), 0.25 * n })
+
+-- misuse: one clear line each
+local function fails(name, fn, pattern)
+  local ok, err = pcall(fn)
+  assert(not ok, name .. ": expected an error")
+  assert(tostring(err):find(pattern), ("%s: error '%s' lacks '%s'"):format(name, tostring(err), pattern))
+  print(("rank %d ok error %s"):format(r, name))
+end
+fails("bf16 reduction", function() g:all_reduce(titan.ones({ 2 }, { dtype = "bfloat16" })) end,
+  "bfloat16 cannot be reduced")
+fails("meta tensor", function() g:all_reduce(titan.empty({ 2 }, { device = "meta" })) end, "needs CPU tensors")
+fails("wrong rank", function() dist.new_group({ backend = "mpi", rank = 0, world = n + 1 }) end,
+  "rank %d+ of %d+ in MPI_COMM_WORLD")
+
+g:barrier()
+print(("rank %d ok all"):format(r))
