@@ -181,6 +181,10 @@ static int tt_launch(int argc, char **argv, const char *count, int first) {
       setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
       setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
     }
+    /* Open MPI's shared-memory single copy (CMA) needs ptrace rights that
+     * containers often lack, and then fails mid-job; the copy-in/copy-out
+     * path costs little at these sizes. An explicit setting wins. */
+    setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
     static char np[32];
     snprintf(np, sizeof np, "%ld", n);
     av[k++] = "mpirun";

@@ -11,7 +11,7 @@
 -- srun) and "nccl" (CUDA tensors; rank 0's dist.unique_id() reaches the
 -- other ranks through the launcher).
 --
---   local env = dist.env()                  -- { rank, world, local_rank, launcher }
+--   local env = dist.env()                  -- { rank, world, local_rank, local_size, launcher }
 --   local g = dist.world_group()            -- the mpi group of all ranks; nil in a single process
 --   local all = g:gather_object(v)          -- { v of rank 0, ..., v of rank W-1 } (JSON-able values)
 local tensor = require("titan.tensor")
@@ -163,8 +163,9 @@ function M.env(getenv)
     return v and tonumber(v)
   end
   local launchers = {
-    { "mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK" },
-    { "srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID" },
+    { "mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+      "OMPI_COMM_WORLD_LOCAL_SIZE" },
+    { "srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE" },
   }
   for _, l in ipairs(launchers) do
     local rank, world = num(l[2]), num(l[3])
@@ -173,10 +174,12 @@ function M.env(getenv)
         error(("dist: %s=%s and %s=%s from the launcher; expected 0 <= rank < world"):format(l[2],
           tostring(getenv(l[2])), l[3], tostring(getenv(l[3]))), 0)
       end
-      return { rank = rank, world = world, local_rank = num(l[4]) or 0, launcher = l[1] }
+      -- (local_size: the ranks on this host; Slurm may write "2(x3)": its leading count)
+      local ls = tonumber((getenv(l[5]) or ""):match("^%d+") or "")
+      return { rank = rank, world = world, local_rank = num(l[4]) or 0, local_size = ls or 1, launcher = l[1] }
     end
   end
-  return { rank = 0, world = 1, local_rank = 0, launcher = "none" }
+  return { rank = 0, world = 1, local_rank = 0, local_size = 1, launcher = "none" }
 end
 
 local world_group
@@ -186,7 +189,9 @@ function M.world_group()
   if world_group then return world_group end
   local e = M.env()
   if e.world == 1 then return nil end
-  world_group = M.new_group({ backend = "mpi", rank = e.rank, world = e.world })
+  local ok, g = pcall(M.new_group, { backend = "mpi", rank = e.rank, world = e.world })
+  if not ok then error((tostring(g):gsub("^[^:]*:%d+: ", "")), 0) end -- (the reason, not this line's position)
+  world_group = g
   return world_group
 end
 

@@ -151,7 +151,6 @@ function M.new(cfg, opts)
       t.device), 0)
   end
   resolve_parallelism(cfg.parallelism, self.world)
-  if self.world > 1 then self.dp = dist.world_group() end
   -- Log lines come from rank 0 (every rank computes the same ones).
   self.print = opts.print or function(line)
     if self.rank == 0 then io.stdout:write(line, "\n"); io.stdout:flush() end
@@ -181,15 +180,20 @@ function M.new(cfg, opts)
   local need = nparams * (2 * bytes_per + 8 + (bytes_per < 4 and 4 or 0))
   -- The host's memory is shared with the OS and the data: 80% of it. A GPU's
   -- activations come on top; past its total the job cannot start at all.
+  -- Data-parallel ranks on one host each hold all of it (DDP replicates).
   local total = metrics.device_memory_bytes(t.device)
+  local here = t.device == "cpu" and env.local_size or 1
   local limit = total and (t.device == "cpu" and 0.8 * total or total)
-  if limit and need > limit then
+  if limit and need * here > limit then
     error(("trainer: %s %s has %.2fB parameters and needs ~%.0f GiB for weights, gradients and optimizer state "
-      .. "in %s, but %s has %.0f GiB; %s"):format(cfg.model.name, cfg.model.flavor, nparams / 1e9, need / 2 ^ 30,
-      t.mixed_precision_param, t.device == "cpu" and "this machine" or t.device, total / 2 ^ 30,
+      .. "in %s%s, but %s has %.0f GiB; %s"):format(cfg.model.name, cfg.model.flavor, nparams / 1e9, need / 2 ^ 30,
+      t.mixed_precision_param, here > 1 and (" on each of the %d ranks on this host"):format(here) or "",
+      t.device == "cpu" and "this machine" or t.device, total / 2 ^ 30,
       t.device == "cpu" and "train it on GPUs (training.device=cuda), or pick a smaller flavor"
       or "it needs sharding over several GPUs (the distributed work), or pick a smaller flavor"), 0)
   end
+  -- The ranks meet (MPI starts) once the layout and the sizes are known to fit.
+  if self.world > 1 then self.dp = dist.world_group() end
   -- Transforms of the built model, in TorchTitan's order (TP, float8, AC,
   -- FSDP); of those, one process on one device has activation checkpointing.
   self.ac_blocks, self.n_blocks = require("parallel.ac").apply(model, cfg.activation_checkpoint)

@@ -149,17 +149,25 @@ describe("launcher and layout errors", function()
       "both -1")
     one_line(fake .. exe .. " " .. base .. "--parallelism.dp_replicate=-1 --training.device=cuda",
       "2 ranks on training.device = cuda")
+    -- every rank on a host holds the whole model: the debug model's ~0.1 GB, 4096 times, exceed any host here
+    one_line("OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4096 OMPI_COMM_WORLD_LOCAL_SIZE=4096 " .. exe .. " " .. base
+      .. "--parallelism.dp_replicate=-1 --parallelism.dp_shard=1", "on each of the 4096 ranks on this host")
+    if mpi then -- a launcher's variables that MPI does not share: one line, not a hang
+      one_line(fake .. exe .. " " .. base .. "--parallelism.dp_replicate=2 --parallelism.dp_shard=1",
+        "mpi: this process is rank 0 of 1 in MPI_COMM_WORLD, but the group was asked for rank 0 of 2")
+    end
     one_line(exe .. " " .. base .. "--parallelism.tp=2", "parallelism.tp = 2, but tensor parallelism is not built")
     one_line(exe .. " " .. base .. "--parallelism.dp_replicate=0", "parallelism.dp_replicate = 0; expected a positive")
   end)
 
   it("dist.env reads mpirun's and srun's variables and checks them", function()
     local function from(vars) return dist.env(function(k) return vars[k] end) end
-    local e = from({ OMPI_COMM_WORLD_RANK = "1", OMPI_COMM_WORLD_SIZE = "4", OMPI_COMM_WORLD_LOCAL_RANK = "1" })
-    assert.are.same({ rank = 1, world = 4, local_rank = 1, launcher = "mpirun" }, e)
-    e = from({ SLURM_PROCID = "3", SLURM_NTASKS = "8", SLURM_LOCALID = "0" })
-    assert.are.same({ rank = 3, world = 8, local_rank = 0, launcher = "srun" }, e)
-    assert.are.same({ rank = 0, world = 1, local_rank = 0, launcher = "none" }, from({}))
+    local e = from({ OMPI_COMM_WORLD_RANK = "1", OMPI_COMM_WORLD_SIZE = "4", OMPI_COMM_WORLD_LOCAL_RANK = "1",
+      OMPI_COMM_WORLD_LOCAL_SIZE = "2" })
+    assert.are.same({ rank = 1, world = 4, local_rank = 1, local_size = 2, launcher = "mpirun" }, e)
+    e = from({ SLURM_PROCID = "3", SLURM_NTASKS = "8", SLURM_LOCALID = "0", SLURM_NTASKS_PER_NODE = "4(x2)" })
+    assert.are.same({ rank = 3, world = 8, local_rank = 0, local_size = 4, launcher = "srun" }, e)
+    assert.are.same({ rank = 0, world = 1, local_rank = 0, local_size = 1, launcher = "none" }, from({}))
     local ok, err = pcall(from, { OMPI_COMM_WORLD_RANK = "4", OMPI_COMM_WORLD_SIZE = "4" })
     assert.is_false(ok)
     assert.truthy(tostring(err):find("expected 0 <= rank < world", 1, true), err)
