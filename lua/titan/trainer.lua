@@ -326,6 +326,8 @@ function Trainer:validate()
     end
   end)
   if v.reset then v:reset() end
+  -- (each data-parallel rank validated its own share: the loss is over all of them)
+  if self.dp then total, ntok = unpack(self.dp:sum_numbers({ total, ntok })) end
   if ntok > 0 then
     self.logger:log_validation(self.step, total / ntok, ntok)
     self.last_val_loss = total / ntok
@@ -376,6 +378,16 @@ function Trainer:reduce_gradients(params, loss)
   end
   flush()
   return dp:sum_numbers({ loss })[1]
+end
+
+-- The largest signal number any rank has pending (nil: none), so that all
+-- ranks take the same stop-or-go decision at a step boundary.
+function Trainer:agree_signal(signum)
+  local t = titan.tensor({ signum or 0 }, { dtype = "int64" })
+  self.dp:all_reduce(t, "max")
+  local v = t:tolist_flat()[1]
+  t:free()
+  return v > 0 and v or nil
 end
 
 -- After the gradients of a step: clip them, step the optimizer, zero them.
@@ -465,7 +477,13 @@ function Trainer:train(until_step)
     end
     if cfg.validation.enable and step % cfg.validation.freq == 0 then self:validate() end
     self.checkpoint:maybe_save(step, self:ckpt_state(), { final = step == t.steps })
-    local sig = ckpt.signal_pending()
+    local sig, signum = ckpt.signal_pending()
+    if self.dp then
+      -- Every rank stops at the same step boundary (the saves are collective):
+      -- a signal any rank has seen stops them all, named by the highest number.
+      signum = self:agree_signal(signum)
+      sig = signum and (sig or ({ [2] = "SIGINT", [15] = "SIGTERM" })[signum] or ("signal " .. signum))
+    end
     if sig then
       -- Preemption: save at this step boundary, then stop cleanly.
       local dir = self.checkpoint:save(step, self:ckpt_state(), { force = true })

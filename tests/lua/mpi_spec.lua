@@ -26,12 +26,13 @@ local function train_cmd(nproc, dump, extra)
   return pre .. table.concat(args, " ")
 end
 
--- Losses by step from metrics.jsonl (written by rank 0; a resume appends).
-local function losses(dump)
+-- Losses by step from metrics.jsonl (written by rank 0; a resume appends);
+-- with key = "validation_loss", the validation losses.
+local function losses(dump, key)
   local out = {}
   for line in io.lines(dump .. "/metrics.jsonl") do
     local r = cjson.decode(line)
-    if r.loss then out[r.step] = r.loss end
+    if r[key or "loss"] then out[r.step] = r[key or "loss"] end
   end
   return out
 end
@@ -66,9 +67,12 @@ describe("data parallelism over MPI", function()
   it("2 ranks train the losses of one process with the same global batch", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
     local steps = "--training.steps=3"
+    -- validation at step 3 over 2 batches: each rank validates its share, the loss is over all
+    local val = { "--validation.enable=true", "--validation.freq=3", "--validation.steps=2" }
     local one, two, acc = tmpdir(), tmpdir(), tmpdir()
-    run_ok(train_cmd(1, one, { steps, "--training.local_batch_size=4" }))
-    local out = run_ok(train_cmd(2, two, with(DDP, { steps, "--training.local_batch_size=2" })))
+    run_ok(train_cmd(1, one, with(val, { steps, "--training.local_batch_size=4" })))
+    local out = run_ok(train_cmd(2, two, with(DDP, with(val, { steps, "--training.local_batch_size=2" }))))
+    assert.truthy(out:find("validate: step     3  loss: +[%d.]+  %(256 tokens%)"), out)
     -- (log lines once, from rank 0; the banner says how the ranks split the work)
     assert.truthy(out:find("data parallel: 2 ranks", 1, true), out)
     local _, nlines = out:gsub("step:%s+1 ", "")
@@ -84,6 +88,33 @@ describe("data parallelism over MPI", function()
       assert.is_true(math.abs(a[s] - c[s]) <= 2e-5 * math.abs(a[s]), ("step %d: %.9g vs %.9g"):format(s, a[s], c[s]))
     end
     assert.is_true(a[3] < a[1]) -- it learns
+    local va, vb = losses(one, "validation_loss")[3], losses(two, "validation_loss")[3]
+    assert.is_true(math.abs(va - vb) <= 2e-5 * va, ("validation: %.9g vs %.9g"):format(va, vb))
+  end)
+
+  it("a signal to one rank stops every rank at the same step, saved", function()
+    if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
+    local dump = tmpdir()
+    local cmd = train_cmd(2, dump, with(DDP, { "--training.steps=100000", "--training.local_batch_size=2",
+      "--checkpoint.enable=true", "--checkpoint.interval=100000" }))
+    -- (rank 1 found by its environment: no pgrep in a bare image)
+    -- (a rank that stopped alone would leave the other waiting in a collective:
+    -- the job is bounded, and whatever is left of it is killed)
+    local out, rc = sh.run(([[
+timeout -s KILL 300 %s > %s/out.log 2>&1 & job=$!
+for i in $(seq 1 600); do grep -qs '"step":3,' %s/metrics.jsonl && break; sleep 0.1; done
+ours() { for d in /proc/[0-9]*; do grep -qzs "$1" $d/environ && grep -qzs 'dump_folder=%s' $d/cmdline && echo ${d#/proc/}; done; }
+for p in $(ours OMPI_COMM_WORLD_RANK=1); do kill -TERM $p; done
+wait $job; rc=$?
+for p in $(ours OMPI_COMM_WORLD_RANK=); do kill -KILL $p; done
+exit $rc]]):format(cmd, dump, dump, dump))
+    local log = assert(io.open(dump .. "/out.log")):read("*a")
+    assert.are.equal(0, rc, out .. log)
+    local step = tonumber(log:match("trainer: SIGTERM: saved step (%d+), stopping"))
+    assert.truthy(step, log)
+    local f = io.open(("%s/checkpoint/step-%d/COMPLETE"):format(dump, step))
+    assert.truthy(f, "step " .. step .. " is complete")
+    f:close()
   end)
 
   it("a 2-rank checkpoint resumes exactly on 2 ranks; on 1 rank only without the data position", function()
