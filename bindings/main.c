@@ -222,6 +222,7 @@ int main(int argc, char **argv) {
     printf("titan %s\n", tt_version());
     printf("blas: %s\n", tt_blas_info());
     printf("threads: %d\n", tt_num_threads());
+    printf("mpi: %s\n", tt_dist_mpi_info());
     printf("cuda: %s (%d device%s)\n",
 #ifdef TITAN_HAVE_CUDA
            "built",

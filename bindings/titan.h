@@ -619,6 +619,8 @@ void tt_signal_clear(void);
  * or split rank chunks along dim 0. */
 typedef struct tt_group tt_group;
 typedef enum { TT_RED_SUM = 0, TT_RED_AVG = 1, TT_RED_MAX = 2, TT_RED_MIN = 3 } tt_reduce_kind;
+/* The MPI library's version line ("Open MPI v4.1.4"), or why there is none. */
+const char *tt_dist_mpi_info(void);
 /* 1 when this build has the backend ("fake", "mpi", "nccl"), else 0. */
 int tt_dist_backend_built(const char *name);
 /* NCCL's unique id (128 bytes) for rank 0 to share; TT_ERR_UNSUPPORTED without NCCL. */

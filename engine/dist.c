@@ -251,6 +251,7 @@ const tt_dist_backend *tt_dist_backend_fake(void) { return &tt_fake; }
 
 #ifndef TITAN_HAVE_MPI
 const tt_dist_backend *tt_dist_backend_mpi(void) { return NULL; }
+const char *tt_dist_mpi_info(void) { return "not built (Open MPI was not found at configure time)"; }
 void tt_dist_shutdown(int failed) { (void)failed; }
 #endif
 

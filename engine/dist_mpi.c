@@ -266,6 +266,18 @@ static const tt_dist_backend tt_mpi_backend = {
 
 const tt_dist_backend *tt_dist_backend_mpi(void) { return &tt_mpi_backend; }
 
+const char *tt_dist_mpi_info(void) {
+  static char info[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  if (!info[0] && MPI_Get_library_version(info, &len) == MPI_SUCCESS) {
+    char *nl = strchr(info, '\n'); /* Open MPI adds its repository and date after a comma */
+    if (nl) *nl = 0;
+    char *comma = strchr(info, ',');
+    if (comma) *comma = 0;
+  }
+  return info;
+}
+
 /* A clean exit finalizes MPI (every rank does, so the launcher sees a
  * finished job). A failing rank does not: MPI_Finalize waits for the other
  * ranks, which may be blocked in a collective this rank will never join;
