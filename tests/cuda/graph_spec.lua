@@ -157,6 +157,11 @@ describe("cuda graphs", function()
   end)
 
   it("activation checkpointing gives the plain losses, eager and replayed from CUDA graphs (f32, exactly)", function()
+    -- (recomputation adds no cross-stream work: the deferred-stream runs of
+    -- this spec leave it to the plain cuemu run and the GPU)
+    if os.getenv("TITAN_CUEMU_STREAMS") == "deferred" then
+      return pending("no work across streams here; run by cuemu/graph_spec and on a GPU")
+    end
     local plain = eager_losses()
     local ac = train({ "--activation_checkpoint.mode=full" }, STEPS)
     assert.are.same(plain, ac)
