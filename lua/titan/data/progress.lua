@@ -4,20 +4,12 @@
 -- ten seconds and the last: a log of \r-joined redraws reads as one line.
 local ffi = require("ffi")
 
--- Wall clock through clock_gettime (os.clock is CPU time). The cdefs are
--- guarded: another module may have declared them already.
-pcall(ffi.cdef, "struct timespec { long tv_sec; long tv_nsec; };")
-pcall(ffi.cdef, "int clock_gettime(int clk_id, struct timespec *tp);")
-local ts_ok, ts = pcall(ffi.new, "struct timespec")
+-- Wall clock (os.clock is CPU time) from titan.clock, the process's one
+-- declaration of clock_gettime: a second one here with another struct made
+-- whichever module loaded later fail (a recipe that required titan.data
+-- stopped the trainer's first metrics call).
+local now = require("titan.clock").now
 pcall(ffi.cdef, "int isatty(int fd);")
-local CLOCK_MONOTONIC = 1
-
-local function now()
-  if ts_ok and ffi.C.clock_gettime(CLOCK_MONOTONIC, ts) == 0 then
-    return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-  end
-  return os.time()
-end
 
 local Progress = {}
 Progress.__index = Progress
