@@ -35,7 +35,8 @@ local function parse(args, allowed)
         local names = {}
         for n in pairs(allowed) do names[#names + 1] = "--" .. n end
         table.sort(names)
-        die("unknown option --%s; expected one of %s (see titan ckpt --help)", k, table.concat(names, ", "))
+        die("unknown option --%s; expected %s (see titan ckpt --help)", k,
+          #names > 0 and ("one of " .. table.concat(names, ", ")) or "none here")
       end
       if v == nil then
         i = i + 1
@@ -121,6 +122,12 @@ function M.main(...)
     return 0
   end
   table.remove(args, 1)
+  for _, a in ipairs(args) do -- (titan ckpt inspect --help: the usage, not an unknown option)
+    if a == "--help" or a == "-h" then
+      io.write(M.usage)
+      return 0
+    end
+  end
   local ckpt = require("titan.checkpoint")
   if cmd == "inspect" then
     local _, pos = parse(args, {})

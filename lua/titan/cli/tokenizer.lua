@@ -3,7 +3,7 @@ local M = {}
 
 local usage = [[
 usage: titan tokenizer train --vocab N [--out FILE] [--fortune | --no-fortune] [--force] FILES...
-       titan tokenizer encode --tokenizer FILE [--bos] [--eos] [--pieces] (TEXT... | --file PATH)
+       titan tokenizer encode --tokenizer FILE [--bos] [--eos] [--pieces] [TEXT... | --file PATH]
        titan tokenizer decode --tokenizer FILE IDS...
        titan tokenizer info --tokenizer FILE
        titan tokenizer --help
@@ -14,7 +14,8 @@ train    learn a byte-level BPE (Llama 3 pre-tokenizer) from text files and writ
          already there is refused before training unless --force (models trained with it need it).
          Fortune files (those with a FILE.dat index next to them) lose their '%' separator
          lines; --fortune / --no-fortune force the choice. Same text, same file, byte for byte.
-encode   print the ids of TEXT (the arguments joined by spaces) or of a file's bytes;
+encode   print the ids of TEXT (the arguments joined by spaces), of a file's bytes, or of
+         standard input (no TEXT, or --file -);
          --bos/--eos add <|begin_of_text|>/<|end_of_text|>; --pieces prints one token a line
          (id and bytes) instead. Special-token text inside TEXT is encoded as plain text.
 decode   write the bytes of IDS (numbers, separated by spaces or commas) to stdout, exactly.
@@ -97,8 +98,11 @@ end
 function M.encode(args)
   local opts, words = parse(args, { tokenizer = "value", bos = "flag", eos = "flag", pieces = "flag", file = "value" })
   local text
-  if opts.file then
-    if #words > 0 then fail("encode takes TEXT or --file PATH, not both") end
+  if opts.file and #words > 0 then fail("encode takes TEXT or --file PATH, not both") end
+  if opts.file == "-" or (not opts.file and #words == 0) then
+    -- (as `echo text | titan tokenizer encode`: nothing on the line, so the text comes on stdin)
+    text = io.stdin:read("*a")
+  elseif opts.file then
     local f, err = io.open(opts.file, "rb")
     if not f then fail(("cannot read %s: %s"):format(opts.file, tostring(err))) end
     text = f:read("*a")
@@ -163,6 +167,13 @@ function M.main(cmd, ...)
   end
   local fn = ({ train = M.train, encode = M.encode, decode = M.decode, info = M.info })[cmd]
   if not fn then fail(("unknown command '%s'; expected train, encode, decode or info (see titan tokenizer --help)"):format(cmd)) end
+  for _, a in ipairs({ ... }) do
+    if a == "--help" or a == "-h" then -- (titan tokenizer train --help, as titan data prepare --help)
+      io.write(usage)
+      return
+    end
+    if a == "--" then break end
+  end
   fn({ ... })
 end
 
