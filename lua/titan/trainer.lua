@@ -108,8 +108,8 @@ end
 -- Returns the data-parallel degree.
 local function resolve_parallelism(p, world)
   local function refuse(key, v, what, expected)
-    error(("trainer: parallelism.%s = %s, but %s is not built yet (data parallelism replicates: DDP); expected %s")
-      :format(key, tostring(v), what, expected), 0)
+    error(("trainer: parallelism.%s = %s, but %s is not built yet (of the parallelisms, DDP runs: "
+      .. "parallelism.dp_replicate); expected %s"):format(key, tostring(v), what, expected), 0)
   end
   if p.tp ~= 1 then refuse("tp", p.tp, "tensor parallelism", "parallelism.tp=1") end
   if p.pp ~= 1 then refuse("pp", p.pp, "pipeline parallelism", "parallelism.pp=1") end

@@ -103,7 +103,9 @@ describe("data parallelism over MPI", function()
     local out, rc = sh.run(([[
 timeout -s KILL 300 %s > %s/out.log 2>&1 & job=$!
 for i in $(seq 1 600); do grep -qs '"step":3,' %s/metrics.jsonl && break; sleep 0.1; done
-ours() { for d in /proc/[0-9]*; do grep -qzs "$1" $d/environ && grep -qzs 'dump_folder=%s' $d/cmdline && echo ${d#/proc/}; done; }
+ours() {
+  for d in /proc/[0-9]*; do grep -qzs "$1" $d/environ && grep -qzs 'dump_folder=%s' $d/cmdline && echo ${d#/proc/}; done
+}
 for p in $(ours OMPI_COMM_WORLD_RANK=1); do kill -TERM $p; done
 wait $job; rc=$?
 for p in $(ours OMPI_COMM_WORLD_RANK=); do kill -KILL $p; done
@@ -172,8 +174,8 @@ describe("launcher and layout errors", function()
   it("the degrees must fit the ranks, and the ones not built are refused", function()
     local base = "lua/recipes/llama3_debugmodel.lua --metrics.peak_flops=1e11 --training.steps=1 "
     one_line(fake .. exe .. " " .. base,
-      "parallelism.dp_shard = -1 (2 ranks), but FSDP sharding is not built yet (data parallelism replicates: DDP); "
-      .. "expected --parallelism.dp_replicate=2 --parallelism.dp_shard=1")
+      "parallelism.dp_shard = -1 (2 ranks), but FSDP sharding is not built yet (of the parallelisms, DDP runs: "
+      .. "parallelism.dp_replicate); expected --parallelism.dp_replicate=2 --parallelism.dp_shard=1")
     one_line(fake .. exe .. " " .. base .. "--parallelism.dp_replicate=3 --parallelism.dp_shard=1",
       "dp_replicate x dp_shard = 3 x 1, but the job has 2 rank(s)")
     one_line(fake .. exe .. " " .. base .. "--parallelism.dp_replicate=-1 --parallelism.dp_shard=-1",
