@@ -90,7 +90,13 @@ static int tt_traceback(lua_State *L) {
 static int tt_report(lua_State *L, int status) {
   if (status != 0) {
     const char *msg = lua_tostring(L, -1);
-    fprintf(stderr, "titan: %s\n", msg ? msg : "error");
+    /* One of several ranks (mpirun, srun): say which, as only some may fail. */
+    const char *rank = getenv("OMPI_COMM_WORLD_RANK"), *size = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!rank || !size) rank = getenv("SLURM_PROCID"), size = getenv("SLURM_NTASKS");
+    if (rank && size && atoi(size) > 1)
+      fprintf(stderr, "titan (rank %s of %s): %s\n", rank, size, msg ? msg : "error");
+    else
+      fprintf(stderr, "titan: %s\n", msg ? msg : "error");
     lua_pop(L, 1);
   }
   return status;

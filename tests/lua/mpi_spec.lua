@@ -176,8 +176,9 @@ describe("launcher and layout errors", function()
     one_line(fake .. exe .. " " .. base,
       "parallelism.dp_shard = -1 (2 ranks), but FSDP sharding is not built yet (of the parallelisms, DDP runs: "
       .. "parallelism.dp_replicate); expected --parallelism.dp_replicate=2 --parallelism.dp_shard=1")
+    -- (the line says which rank: with several, only some may fail)
     one_line(fake .. exe .. " " .. base .. "--parallelism.dp_replicate=3 --parallelism.dp_shard=1",
-      "dp_replicate x dp_shard = 3 x 1, but the job has 2 rank(s)")
+      "titan (rank 0 of 2): trainer: parallelism.dp_replicate x dp_shard = 3 x 1, but the job has 2 rank(s)")
     one_line(fake .. exe .. " " .. base .. "--parallelism.dp_replicate=-1 --parallelism.dp_shard=-1",
       "both -1")
     one_line(fake .. exe .. " " .. base .. "--parallelism.dp_replicate=-1 --training.device=cuda",
