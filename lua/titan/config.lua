@@ -155,7 +155,8 @@ M.descriptions = {
   ["checkpoint.create_seed_checkpoint"] = "initialize, save step 0, exit",
   ["activation_checkpoint.mode"] = "none, full or selective: blocks recompute their activations in the backward",
   ["activation_checkpoint.selective_ac_option"] = "selective: N (every Nth block) or op (per-op policy)",
-  ["parallelism.dp_replicate"] = "data-parallel replicas (DDP: each rank holds the model; gradients reduced every step); -1: all ranks",
+  ["parallelism.dp_replicate"] =
+    "data-parallel replicas (DDP: each rank holds the model; gradients reduced every step); -1: all ranks",
   ["parallelism.dp_shard"] = "FSDP shards; -1: the ranks dp_replicate leaves (sharding itself: not built yet, 1)",
   ["parallelism.tp"] = "tensor-parallel degree (not built yet: 1)",
   ["parallelism.pp"] = "pipeline-parallel stages (not built yet: 1)",

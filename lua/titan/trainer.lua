@@ -105,7 +105,6 @@ end
 -- keys and their -1 = "the ranks left"). Of the parallelisms, replicated
 -- data parallelism (DDP) runs today; a degree that asks for another is
 -- refused, never ignored: the job would train something else than asked.
--- Returns the data-parallel degree.
 local function resolve_parallelism(p, world)
   local function refuse(key, v, what, expected)
     error(("trainer: parallelism.%s = %s, but %s is not built yet (of the parallelisms, DDP runs: "
@@ -125,7 +124,8 @@ local function resolve_parallelism(p, world)
   end
   if rep == -1 then rep = world / shard end
   if shard == -1 then shard = world / rep end
-  if rep * shard ~= world then
+  -- (a -1 that leaves a fraction of a rank is as wrong as a product that misses)
+  if rep * shard ~= world or rep % 1 ~= 0 or shard % 1 ~= 0 or rep < 1 or shard < 1 then
     error(("trainer: parallelism.dp_replicate x dp_shard = %s x %s, but the job has %d rank(s); expected their "
       .. "product to be the number of ranks (titan --nproc N)"):format(tostring(p.dp_replicate),
       tostring(p.dp_shard), world), 0)
@@ -134,7 +134,6 @@ local function resolve_parallelism(p, world)
     refuse("dp_shard", p.dp_shard == -1 and ("-1 (%d ranks)"):format(shard) or p.dp_shard,
       "FSDP sharding", ("--parallelism.dp_replicate=%d --parallelism.dp_shard=1"):format(world))
   end
-  return rep
 end
 
 -- opts.print: where log lines go (default stdout).

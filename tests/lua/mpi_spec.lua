@@ -179,6 +179,11 @@ describe("launcher and layout errors", function()
     -- (the line says which rank: with several, only some may fail)
     one_line(fake .. exe .. " " .. base .. "--parallelism.dp_replicate=3 --parallelism.dp_shard=1",
       "titan (rank 0 of 2): trainer: parallelism.dp_replicate x dp_shard = 3 x 1, but the job has 2 rank(s)")
+    -- a -1 that would leave a fraction of a rank (3 replicas of 2 ranks; 2 ranks into shards of 4)
+    one_line(fake .. exe .. " " .. base .. "--parallelism.dp_replicate=3",
+      "dp_replicate x dp_shard = 3 x -1, but the job has 2 rank(s)")
+    one_line(fake .. exe .. " " .. base .. "--parallelism.dp_replicate=-1 --parallelism.dp_shard=4",
+      "dp_replicate x dp_shard = -1 x 4, but the job has 2 rank(s)")
     one_line(fake .. exe .. " " .. base .. "--parallelism.dp_replicate=-1 --parallelism.dp_shard=-1",
       "both -1")
     one_line(fake .. exe .. " " .. base .. "--parallelism.dp_replicate=-1 --training.device=cuda",

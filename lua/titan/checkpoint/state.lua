@@ -103,7 +103,9 @@ end
 
 -- Restore parts from checkpoint ck. opts: model_only, exclude (set of
 -- "optimizer", "dataloader", "lr_scheduler"), shard_of, verify, strict
--- (default true: tensors of the model group the model lacks are an error).
+-- (default true: tensors of the model group the model lacks are an error),
+-- rank (this data-parallel rank: its own data position when the save kept
+-- every rank's).
 -- Everything is validated (names, shapes, coverage, data file sizes) before
 -- the first byte is read. Returns the saved train state table.
 function M.restore(ck, parts, opts)
