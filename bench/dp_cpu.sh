@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # bench/dp_cpu.sh — data parallelism on the CPU, Titan and PyTorch side by
 # side: the same global batch trained by one process with every core, and
-# by 2 ranks with one core each (Titan: `titan --nproc 2`, DDP over MPI;
-# PyTorch: DistributedDataParallel over gloo). Global tokens/s, best and
-# median step after the first; the ratio DDP / one process says what the
-# gradient exchange costs on top of the split.
+# by 2 ranks with one core each (Titan: `titan --nproc 2`, DDP and FSDP over
+# MPI; PyTorch: DistributedDataParallel over gloo — PyTorch's FSDP does not
+# import with this machine's torch 1.13 on Python 3.11). Global tokens/s,
+# best and median step after the first; the ratio DDP / one process says
+# what the gradient exchange costs on top of the split, FSDP / DDP what
+# gathering the parameters costs; and each Titan rank's memory after the
+# last step (weights + optimizer state + data) and at its peak.
 #
 #   bench/dp_cpu.sh [STEPS] [CONFIG] [GLOBAL_BATCH] [SEQ]   (defaults: 8 debugmodel 4 512)
 #
@@ -16,21 +19,23 @@ STEPS="${1:-8}" CFG="${2:-debugmodel}" GB="${3:-4}" SEQ="${4:-512}"
 source bench/cpu_env.sh
 CORES="$OMP_NUM_THREADS"
 
-titan_run() { # nproc
-  local n="$1" dump extra=()
+titan_run() { # nproc [fsdp]
+  local n="$1" mode="${2:-ddp}" dump extra=() layout=(--parallelism.dp_replicate="$1" --parallelism.dp_shard=1)
+  [ "$mode" = fsdp ] && layout=(--parallelism.dp_replicate=1 --parallelism.dp_shard="$n")
   dump="$(mktemp -d)"
   [ "$n" -gt 1 ] && extra=(--nproc "$n")
   [ "$CFG" = debugmodel ] || { echo "dp_cpu.sh: Titan's side runs the debugmodel recipe only" >&2; exit 1; }
   OMP_NUM_THREADS=$((CORES / n)) "$TITAN" "${extra[@]}" lua/recipes/llama3_debugmodel.lua \
     --job.dump_folder="$dump" --training.steps=$((STEPS + 1)) --training.local_batch_size=$((GB / n)) \
     --training.seq_len="$SEQ" --validation.enable=false --metrics.log_freq=1 --metrics.enable_jsonl=true \
-    --metrics.peak_flops=1e11 --parallelism.dp_replicate="$n" --parallelism.dp_shard=1 >/dev/null
+    --metrics.peak_flops=1e11 "${layout[@]}" >/dev/null
   # (tps in metrics.jsonl is per rank: x ranks = global)
   /usr/bin/python3 - "$dump/metrics.jsonl" "$n" <<'PY'
 import json, statistics, sys
-tps = [json.loads(l)["tps"] * int(sys.argv[2]) for l in open(sys.argv[1]) if '"step"' in l and '"tps"' in l]
-tps = tps[1:]  # the first step includes the warm-up
-print(f"impl=titan world={sys.argv[2]} tps_best={max(tps):.1f} tps_median={statistics.median(tps):.1f}")
+recs = [json.loads(l) for l in open(sys.argv[1]) if '"step"' in l and '"tps"' in l]
+tps = [r["tps"] * int(sys.argv[2]) for r in recs][1:]  # the first step includes the warm-up
+print(f"impl=titan world={sys.argv[2]} tps_best={max(tps):.1f} tps_median={statistics.median(tps):.1f} "
+      f"mem_mib={recs[-1]['memory_gib'] * 1024:.1f} peak_mib={recs[-1]['memory_peak_gib'] * 1024:.1f}")
 PY
   rm -rf "$dump"
 }
@@ -47,13 +52,16 @@ torch_run() { # nproc
 
 t1="$(titan_run 1)"; echo "$t1"
 t2="$(titan_run 2)"; echo "$t2"
+tf="$(titan_run 2 fsdp)"; echo "$tf (fsdp)"
 p1="$(torch_run 1)"; echo "$p1"
 p2="$(torch_run 2)"; echo "$p2"
 get() { sed -n "s/.*$2=\([0-9.]*\).*/\1/p" <<<"$1"; }
 echo
-echo "| config | global batch x seq | titan 1x$CORES tok/s | titan DDP 2x$((CORES / 2)) tok/s | titan DDP / 1 | pytorch 1x$CORES tok/s | pytorch DDP 2x$((CORES / 2)) tok/s | pytorch DDP / 1 | titan DDP / pytorch DDP |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| config | global batch x seq | titan 1x$CORES tok/s | titan DDP 2x$((CORES / 2)) tok/s | titan FSDP 2x$((CORES / 2)) tok/s | titan DDP / 1 | titan FSDP / DDP | pytorch 1x$CORES tok/s | pytorch DDP 2x$((CORES / 2)) tok/s | pytorch DDP / 1 | titan DDP / pytorch DDP |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 awk -v c="$CFG" -v b="$GB" -v s="$SEQ" -v t1="$(get "$t1" tps_median)" -v t2="$(get "$t2" tps_median)" \
-  -v p1="$(get "$p1" tps_median)" -v p2="$(get "$p2" tps_median)" 'BEGIN {
-  printf "| %s | %dx%d | %.0f | %.0f | %.2fx | %.0f | %.0f | %.2fx | %.2fx |\n", c, b, s, t1, t2, t2 / t1, p1, p2, p2 / p1, t2 / p2 }'
-echo "(median step after the first; best: titan $(get "$t1" tps_best) / $(get "$t2" tps_best), pytorch $(get "$p1" tps_best) / $(get "$p2" tps_best))"
+  -v tf="$(get "$tf" tps_median)" -v p1="$(get "$p1" tps_median)" -v p2="$(get "$p2" tps_median)" 'BEGIN {
+  printf "| %s | %dx%d | %.0f | %.0f | %.0f | %.2fx | %.2fx | %.0f | %.0f | %.2fx | %.2fx |\n", c, b, s, t1, t2, tf,
+    t2 / t1, tf / t2, p1, p2, p2 / p1, t2 / p2 }'
+echo "(median step after the first; best: titan $(get "$t1" tps_best) / $(get "$t2" tps_best) / $(get "$tf" tps_best), pytorch $(get "$p1" tps_best) / $(get "$p2" tps_best))"
+echo "titan memory per rank after the last step (peak): one process $(get "$t1" mem_mib) MiB ($(get "$t1" peak_mib)), DDP $(get "$t2" mem_mib) MiB ($(get "$t2" peak_mib)), FSDP $(get "$tf" mem_mib) MiB ($(get "$tf" peak_mib))"

@@ -202,8 +202,17 @@ typedef enum { TT_STREAM_COMPUTE = 0, TT_STREAM_COMM = 1 } tt_stream_kind;
 tt_status tt_tensor_record_stream(const tt_tensor *t, int stream);
 int64_t tt_tensor_numel(const tt_tensor *t);
 int tt_tensor_is_contiguous(const tt_tensor *t);
-/* Address of element 0 (NULL on meta). */
+/* Address of element 0 (NULL on meta, and while the storage is freed). */
 void *tt_tensor_data(const tt_tensor *t);
+/* Free the memory of t's storage and keep the storage object (shape,
+ * views and references stay valid); alloc brings back memory of the same
+ * size (uninitialized). For FSDP's reshard/unshard. Ops given a tensor
+ * whose storage is freed fail with a message naming it. */
+tt_status tt_tensor_storage_free(tt_tensor *t);
+tt_status tt_tensor_storage_alloc(tt_tensor *t);
+int tt_tensor_has_storage(const tt_tensor *t);
+/* TT_OK, or the error that says t's storage is freed (op, name: for the message). */
+tt_status tt_tensor_check_storage(const char *op, const char *name, const tt_tensor *t);
 /* "[2, 3]" into buf; returns buf. */
 const char *tt_tensor_shape_str(const tt_tensor *t, char *buf, size_t len);
 

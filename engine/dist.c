@@ -76,6 +76,7 @@ tt_status tt_group_split(tt_group *g, int color, int key, tt_group **out) {
 
 static tt_status tt_chk_coll(const char *op, const tt_group *g, const tt_tensor *t) {
   char s[96];
+  TT_TRY(tt_tensor_check_storage(op, "tensor", t));
   if (!tt_tensor_is_contiguous(t))
     return tt_error_set(TT_ERR_LAYOUT, "%s: tensor %s is not contiguous; collectives need contiguous tensors", op,
                         SHP(t, s));

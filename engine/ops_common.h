@@ -18,6 +18,7 @@
  * them its kernel implements; see tt_kernel_check). */
 static inline tt_status tt_chk_float(const char *op, const char *name, const tt_tensor *t) {
   char s[96];
+  TT_TRY(tt_tensor_check_storage(op, name, t));
   if (t->dtype != TT_F32 && t->dtype != TT_F64 && t->dtype != TT_BF16 && t->dtype != TT_F16)
     return tt_error_set(TT_ERR_DTYPE, "%s: %s %s has dtype %s; expected float32, float64, bfloat16 or float16", op,
                         name, SHP(t, s), tt_dtype_name(t->dtype));
@@ -40,6 +41,7 @@ static inline tt_status tt_kernel_check(tt_status st, const char *op, const tt_k
 
 static inline tt_status tt_chk_index(const char *op, const char *name, const tt_tensor *t) {
   char s[96];
+  TT_TRY(tt_tensor_check_storage(op, name, t));
   if (t->dtype != TT_I64 && t->dtype != TT_I32)
     return tt_error_set(TT_ERR_DTYPE, "%s: %s %s has dtype %s; expected int64 or int32", op, name, SHP(t, s),
                         tt_dtype_name(t->dtype));

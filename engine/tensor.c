@@ -316,7 +316,40 @@ tt_status tt_view_expand(const tt_tensor *t, int ndim, const int64_t *shape_in, 
 static tt_status tt_need_data(const tt_tensor *t, const char *op) {
   if (t->device.type == TT_META)
     return tt_error_set(TT_ERR_DEVICE, "%s: a meta tensor has no data (materialize it on cpu or cuda first)", op);
+  return tt_tensor_check_storage(op, "source", t);
+}
+
+tt_status tt_tensor_check_storage(const char *op, const char *name, const tt_tensor *t) {
+  char s[96];
+  if (t->device.type == TT_META || !t->storage || t->storage->data || t->storage->nbytes == 0) return TT_OK;
+  return tt_error_set(TT_ERR_INVALID,
+                      "%s: %s %s has no memory: its storage was freed (a parameter that FSDP keeps sharded outside "
+                      "its module's forward and backward); expected a tensor with memory",
+                      op, name, tt_tensor_shape_str(t, s, sizeof s));
+}
+
+/* FSDP frees a parameter's memory after its block has run and brings it
+ * back before the block runs again, as FSDP2 resizes the storage to 0 and
+ * back: the storage object stays, so every view of it and every reference
+ * an autograd node holds sees the memory that comes back. */
+tt_status tt_tensor_storage_free(tt_tensor *t) {
+  if (!t || !t->storage) return tt_error_set(TT_ERR_INVALID, "storage_free: no tensor");
+  tt_storage *s = t->storage;
+  if (t->device.type == TT_META || !s->data) return TT_OK;
+  tt_free_raw_streams(s->device, s->data, s->nbytes, __atomic_exchange_n(&s->streams, 0u, __ATOMIC_ACQ_REL));
+  s->data = NULL;
   return TT_OK;
+}
+
+tt_status tt_tensor_storage_alloc(tt_tensor *t) {
+  if (!t || !t->storage) return tt_error_set(TT_ERR_INVALID, "storage_alloc: no tensor");
+  tt_storage *s = t->storage;
+  if (t->device.type == TT_META || s->data || s->nbytes == 0) return TT_OK;
+  return tt_alloc_raw(s->device, s->nbytes, &s->data);
+}
+
+int tt_tensor_has_storage(const tt_tensor *t) {
+  return t && t->storage && (t->device.type == TT_META || t->storage->data || t->storage->nbytes == 0);
 }
 
 tt_status tt_tensor_contiguous(const tt_tensor *t, tt_tensor **out) {
@@ -336,6 +369,7 @@ tt_status tt_tensor_contiguous(const tt_tensor *t, tt_tensor **out) {
 
 tt_status tt_tensor_fill(tt_tensor *t, double value) {
   if (t->device.type == TT_META) return TT_OK;
+  TT_TRY(tt_tensor_check_storage("fill", "tensor", t));
   const tt_kernels *be = tt_backend(t->device);
   if (tt_tensor_is_contiguous(t)) return be->fill(t->dtype, tt_tensor_numel(t), value, tt_tensor_data(t));
   /* Strided: fill a packed scalar and broadcast-copy it. */
@@ -373,6 +407,7 @@ tt_status tt_tensor_copy(tt_tensor *dst, const tt_tensor *src) {
                         tt_tensor_shape_str(dst, sa, sizeof sa), tt_tensor_shape_str(src, sb, sizeof sb));
   if (dst->device.type == TT_META) return TT_OK;
   TT_TRY(tt_need_data(src, "copy"));
+  TT_TRY(tt_tensor_check_storage("copy", "destination", dst));
   if (tt_tensor_numel(dst) == 0) return TT_OK;
   if (tt_same_device(dst->device, src->device)) {
     const tt_kernels *be = tt_backend(dst->device);

@@ -134,6 +134,15 @@ local function release_node(node)
   node.released = true
 end
 
+local depth = 0       -- backward passes running now (a checkpointed block's recomputation nests one)
+local callbacks = {}  -- to run when the outermost one ends
+
+-- fn() runs once, when the outermost backward pass running now (or the
+-- next one) has finished every node (as torch's queue_callback): FSDP's
+-- final reduce-scatter of what no hook of a block caught. A pass that
+-- fails drops them.
+function M.queue_callback(fn) callbacks[#callbacks + 1] = fn end
+
 -- backward(root[, grad[, opts]]): opts.retain_graph keeps saved tensors.
 function M.backward(root, grad, opts)
   opts = opts or {}
@@ -150,6 +159,7 @@ function M.backward(root, grad, opts)
   local prev = enabled
   enabled = false -- backward math is not itself recorded
   local pending, holder = {}, {}
+  depth = depth + 1
   local ok, err = pcall(function()
     if not root._node then -- a leaf
       if root.grad then
@@ -216,6 +226,15 @@ function M.backward(root, grad, opts)
     end
   end)
   enabled = prev
+  depth = depth - 1
+  if depth == 0 and #callbacks > 0 then
+    local run = callbacks
+    callbacks = {}
+    for _, fn in ipairs(ok and run or {}) do
+      ok, err = pcall(fn)
+      if not ok then break end
+    end
+  end
   if not ok then
     -- Leave nothing behind: pending gradients die with the failed pass.
     for _, g in pairs(pending) do

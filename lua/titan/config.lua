@@ -87,6 +87,7 @@ M.defaults = {
   parallelism = {
     dp_replicate = 1,
     dp_shard = -1,
+    fsdp_reshard_after_forward = "default", -- default | always | never (lua/parallel/fsdp.lua)
     tp = 1,
     pp = 1,
   },
@@ -157,7 +158,10 @@ M.descriptions = {
   ["activation_checkpoint.selective_ac_option"] = "selective: N (every Nth block) or op (per-op policy)",
   ["parallelism.dp_replicate"] =
     "data-parallel replicas (DDP: each rank holds the model; gradients reduced every step); -1: all ranks",
-  ["parallelism.dp_shard"] = "FSDP shards; -1: the ranks dp_replicate leaves (sharding itself: not built yet, 1)",
+  ["parallelism.dp_shard"] =
+    "FSDP shards (each rank holds 1/N of parameters, gradients, optimizer state); -1: the ranks dp_replicate leaves",
+  ["parallelism.fsdp_reshard_after_forward"] =
+    "default (every block but the last frees its gathered parameters after its forward), always or never",
   ["parallelism.tp"] = "tensor-parallel degree (not built yet: 1)",
   ["parallelism.pp"] = "pipeline-parallel stages (not built yet: 1)",
   ["debug.deterministic"] = "same seed, same bits on a GPU (deterministic cuDNN engines only)",
@@ -391,6 +395,9 @@ function M.validate(cfg)
     local ok, err = pcall(require("parallel.ac").plan, cfg.activation_checkpoint)
     need(ok, tostring(err))
   end
+  local raf = cfg.parallelism.fsdp_reshard_after_forward
+  need(require("parallel.fsdp").policies[raf], "parallelism.fsdp_reshard_after_forward must be default, always or "
+    .. "never, got '" .. tostring(raf) .. "'")
   -- The checkpoint manager checks its own section (it touches no files).
   require("titan.checkpoint.manager").new(cfg.checkpoint, {})
 end

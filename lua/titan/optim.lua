@@ -217,12 +217,15 @@ end
 
 -- Scale every gradient so their global L2 norm is at most max_norm (as
 -- torch.nn.utils.clip_grad_norm_). Returns the norm before clipping.
-function M.clip_grad_norm(params, max_norm)
+-- opts.sum_squares(x): the sum over the ranks of each one's sum of squares,
+-- when each holds a share of the gradients (FSDP); every rank must call it.
+function M.clip_grad_norm(params, max_norm, opts)
   local grads = {}
   for _, p in ipairs(params) do
     if p.grad then grads[#grads + 1] = p.grad end
   end
-  local norm = ops.global_norm(grads)
+  local norm = #grads > 0 and ops.global_norm(grads) or 0
+  if opts and opts.sum_squares then norm = math.sqrt(opts.sum_squares(norm * norm)) end
   if max_norm and max_norm > 0 and norm > max_norm then
     ops.scale_multi_(grads, max_norm / (norm + 1e-6))
   end

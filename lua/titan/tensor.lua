@@ -118,6 +118,14 @@ function Tensor:free()
   end
 end
 
+-- FSDP's reshard and unshard: the memory of the tensor's storage goes back
+-- to the allocator and comes back (uninitialized), while the tensor, its
+-- views and the references autograd nodes hold stay valid. An op given the
+-- tensor in between fails with a message that says so.
+function Tensor:free_storage() check(C.tt_tensor_storage_free(self._c), 2); return self end
+function Tensor:alloc_storage() check(C.tt_tensor_storage_alloc(self._c), 2); return self end
+function Tensor:has_storage() return C.tt_tensor_has_storage(self._c) ~= 0 end
+
 local function cptr(t)
   local c = t._c
   if c == nil then

@@ -102,13 +102,14 @@ local function mkdir_p(path)
 end
 
 -- The parallelism degrees against the ranks this job has (TorchTitan's
--- keys and their -1 = "the ranks left"). Of the parallelisms, replicated
--- data parallelism (DDP) runs today; a degree that asks for another is
--- refused, never ignored: the job would train something else than asked.
+-- keys and their -1 = "the ranks left"). Of the parallelisms, data
+-- parallelism runs today: replicated (DDP), sharded (FSDP) and both (HSDP);
+-- a degree that asks for another is refused, never ignored: the job would
+-- train something else than asked. Returns dp_replicate, dp_shard.
 local function resolve_parallelism(p, world)
   local function refuse(key, v, what, expected)
-    error(("trainer: parallelism.%s = %s, but %s is not built yet (of the parallelisms, DDP runs: "
-      .. "parallelism.dp_replicate); expected %s"):format(key, tostring(v), what, expected), 0)
+    error(("trainer: parallelism.%s = %s, but %s is not built yet (of the parallelisms, data parallelism runs: "
+      .. "parallelism.dp_replicate and dp_shard); expected %s"):format(key, tostring(v), what, expected), 0)
   end
   if p.tp ~= 1 then refuse("tp", p.tp, "tensor parallelism", "parallelism.tp=1") end
   if p.pp ~= 1 then refuse("pp", p.pp, "pipeline parallelism", "parallelism.pp=1") end
@@ -130,10 +131,7 @@ local function resolve_parallelism(p, world)
       .. "product to be the number of ranks (titan --nproc N)"):format(tostring(p.dp_replicate),
       tostring(p.dp_shard), world), 0)
   end
-  if shard > 1 then
-    refuse("dp_shard", p.dp_shard == -1 and ("-1 (%d ranks)"):format(shard) or p.dp_shard,
-      "FSDP sharding", ("--parallelism.dp_replicate=%d --parallelism.dp_shard=1"):format(world))
-  end
+  return rep, shard
 end
 
 -- opts.print: where log lines go (default stdout).
@@ -149,7 +147,7 @@ function M.new(cfg, opts)
       .. "(NCCL across GPUs is not wired into the trainer yet); expected training.device=cpu"):format(self.world,
       t.device), 0)
   end
-  resolve_parallelism(cfg.parallelism, self.world)
+  self.dp_replicate, self.dp_shard = resolve_parallelism(cfg.parallelism, self.world)
   -- Log lines come from rank 0 (every rank computes the same ones).
   self.print = opts.print or function(line)
     if self.rank == 0 then io.stdout:write(line, "\n"); io.stdout:flush() end
@@ -179,26 +177,40 @@ function M.new(cfg, opts)
   local need = nparams * (2 * bytes_per + 8 + (bytes_per < 4 and 4 or 0))
   -- The host's memory is shared with the OS and the data: 80% of it. A GPU's
   -- activations come on top; past its total the job cannot start at all.
-  -- Data-parallel ranks on one host each hold all of it (DDP replicates).
+  -- Data-parallel ranks on one host each hold their share: all of it under
+  -- DDP, 1/dp_shard under FSDP.
   local total = metrics.device_memory_bytes(t.device)
   local here = t.device == "cpu" and env.local_size or 1
   local limit = total and (t.device == "cpu" and 0.8 * total or total)
-  if limit and need * here > limit then
+  if limit and need * here / self.dp_shard > limit then
     error(("trainer: %s %s has %.2fB parameters and needs ~%.0f GiB for weights, gradients and optimizer state "
       .. "in %s%s, but %s has %.0f GiB; %s"):format(cfg.model.name, cfg.model.flavor, nparams / 1e9, need / 2 ^ 30,
       t.mixed_precision_param, here > 1 and (" on each of the %d ranks on this host"):format(here) or "",
       t.device == "cpu" and "this machine" or t.device, total / 2 ^ 30,
-      t.device == "cpu" and "train it on GPUs (training.device=cuda), or pick a smaller flavor"
+      t.device == "cpu" and "shard it over more ranks (parallelism.dp_shard), train it on GPUs "
+      .. "(training.device=cuda), or pick a smaller flavor"
       or "it needs sharding over several GPUs (the distributed work), or pick a smaller flavor"), 0)
   end
   -- The ranks meet (MPI starts) once the layout and the sizes are known to fit.
   if self.world > 1 then self.dp = dist.world_group() end
   -- Transforms of the built model, in TorchTitan's order (TP, float8, AC,
-  -- FSDP); of those, one process on one device has activation checkpointing.
+  -- FSDP); of those, activation checkpointing and FSDP are built.
   self.ac_blocks, self.n_blocks = require("parallel.ac").apply(model, cfg.activation_checkpoint)
   model:to_empty(t.device)
   family.init_weights(model, t.seed)
   self.model, self.family = model, family
+  if self.dp_shard > 1 then
+    -- The shard groups are runs of dp_shard consecutive ranks (the innermost
+    -- mesh dim, as TorchTitan's [dp_replicate, dp_shard]); under HSDP the
+    -- ranks holding the same shards form the replicate groups.
+    local shard, rep = self.dp, nil
+    if self.dp_replicate > 1 then
+      shard = self.dp:split(math.floor(self.rank / self.dp_shard), self.rank)
+      rep = self.dp:split(self.rank % self.dp_shard, self.rank)
+    end
+    self.fsdp = require("parallel.fsdp").apply(model, shard, { replicate = rep,
+      reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward })
+  end
   self.flops_per_token, self.nparams = flops, nparams
 
   -- Tokenizer and data.
@@ -232,7 +244,8 @@ function M.new(cfg, opts)
   local groups = {}
   for _, g in ipairs(cfg.optimizer_groups or {}) do groups[#groups + 1] = g end
   if o.no_decay_pattern ~= "" then groups[#groups + 1] = { pattern = o.no_decay_pattern, weight_decay = 0 } end
-  self.optimizer = optim.AdamW(model:named_parameters(), { lr = o.lr, betas = { o.beta1, o.beta2 }, eps = o.eps,
+  local named = self.fsdp and self.fsdp:named_parameters() or model:named_parameters()
+  self.optimizer = optim.AdamW(named, { lr = o.lr, betas = { o.beta1, o.beta2 }, eps = o.eps,
     weight_decay = o.weight_decay, groups = groups })
   self.schedule = lr_scheduler.new(cfg.lr_scheduler, t.steps)
   self.loss_fn = cfg.loss_fn or M.loss_fn
@@ -256,7 +269,7 @@ function M.new(cfg, opts)
   -- this run only creates the seed checkpoint.
   local dp = self.dp
   self.checkpoint = ckpt.Manager(cfg.checkpoint, { dump_folder = cfg.job.dump_folder, rank = self.rank,
-    world = self.world, log = function(line) self.print(line) end,
+    world = self.world, log = function(line) self.print(line) end, shard_of = self.fsdp and self.fsdp.shard_of,
     gather = dp and function(v) return dp:gather_object(v) end, barrier = dp and function() dp:barrier() end })
   self.checkpoint:prepare()
   if not cfg.checkpoint.create_seed_checkpoint then
@@ -273,7 +286,8 @@ end
 -- What a checkpoint holds: model, optimizer, data position, step, RNG.
 function Trainer:ckpt_state()
   return {
-    model = self.model, optimizer = self.optimizer, dataloader = self.data.train,
+    model = self.fsdp and self.fsdp:state_model() or self.model, optimizer = self.optimizer,
+    dataloader = self.data.train,
     extra = { step = self.step, lr_step = self.step, rng = titan.rng_state() },
   }
 end
@@ -291,7 +305,14 @@ function Trainer:banner()
     :format(t.local_batch_size, t.seq_len, self.grad_accum,
       metrics.commas(t.local_batch_size * t.seq_len * self.grad_accum * self.world), t.steps, self.peak_flops / 1e9,
       self.cfg.metrics.peak_flops > 0 and "configured" or "measured", metrics.commas(self.flops_per_token)))
-  if self.dp then
+  if self.fsdp then
+    local rep = self.dp_replicate > 1 and (" x %d replicas (HSDP: shard gradients then summed over the replicas)")
+      :format(self.dp_replicate) or ""
+    self.print(("data parallel: %d ranks, FSDP over %d shards%s: each rank keeps %s of the parameters (and that "
+      .. "share of gradients and optimizer state), a block's full parameters only while it runs (reshard after "
+      .. "forward: %s), %d threads each; tps and MFU are per rank"):format(self.world, self.dp_shard, rep, ("%.1f MiB"):format(self.fsdp:sharded_bytes() / 2 ^ 20),
+      self.cfg.parallelism.fsdp_reshard_after_forward, titan.num_threads()))
+  elseif self.dp then
     self.print(("data parallel: %d ranks (DDP over MPI: gradients summed in ~25 MB buckets each step), %d threads "
       .. "each; tps and MFU are per rank"):format(self.world, titan.num_threads()))
   end
@@ -400,7 +421,11 @@ function Trainer:update(params)
     local norm = self:update_on_device(params)
     if norm then return norm end
   end
-  local grad_norm = optim.clip_grad_norm(params, self.cfg.training.max_norm)
+  -- (FSDP: each rank holds a share of every gradient; the squares are summed
+  -- over the shard ranks, whose replicas hold the same shares)
+  local fsdp = self.fsdp
+  local grad_norm = optim.clip_grad_norm(params, self.cfg.training.max_norm,
+    fsdp and { sum_squares = function(sq) return fsdp:sum_over_shards(sq) end } or nil)
   self.optimizer:step()
   -- A captured graph accumulates into these very buffers: zero, keep them.
   self.optimizer:zero_grad({ set_to_none = self.graph_state == nil })
@@ -446,7 +471,7 @@ function Trainer:train(until_step)
   local cfg, t = self.cfg, self.cfg.training
   local last = until_step or t.steps
   local losses = {}
-  local params = self.model:parameters()
+  local params = self.fsdp and self.fsdp:parameters() or self.model:parameters()
   local t0, first = metrics.now(), self.step
   self.run_tokens = self.run_tokens or 0
   while self.step < last do
@@ -454,7 +479,11 @@ function Trainer:train(until_step)
     local factor = self.schedule.factor(step)
     self.optimizer:set_lr_factor(factor)
     local loss, ntok = self:train_step(step)
-    if self.dp then loss = self:reduce_gradients(params, loss) end
+    if self.fsdp then
+      loss = self.dp:sum_numbers({ loss })[1] -- (the gradients were reduce-scattered in the backward)
+    elseif self.dp then
+      loss = self:reduce_gradients(params, loss)
+    end
     if loss ~= loss or loss == math.huge or loss == -math.huge then
       -- Stop before the update: the weights stay those of the last good step, and
       -- nothing of this step is logged or saved.

@@ -1,8 +1,8 @@
 -- The mpi backend and data-parallel training across real processes
--- (`titan --nproc N`, Open MPI): every collective at world 3, DDP losses
--- against one process with the same global batch, a 2-rank checkpoint
--- resumed exactly (and onto 1 rank), and the launcher's and the layout's
--- bad input. Without Open MPI in the build the cases report pending.
+-- (`titan --nproc N`, Open MPI): every collective at world 3, DDP, FSDP and
+-- HSDP losses against one process with the same global batch, checkpoints
+-- resumed exactly (DDP onto 1 rank, FSDP onto DDP), and the launcher's and
+-- the layout's bad input. Without Open MPI in the build the cases report pending.
 local dist = require("titan.dist")
 local env = require("titan.env")
 local cjson = require("cjson")
@@ -150,6 +150,71 @@ exit $rc]]):format(cmd, dump, dump, dump))
   end)
 end)
 
+describe("FSDP over MPI", function()
+  local function close(a, b, s, what)
+    assert.is_true(math.abs(a - b) <= 2e-5 * math.abs(a), ("%s step %d: %.9g vs %.9g"):format(what, s, a, b))
+  end
+
+  it("2 and 3 ranks (uneven shards), and HSDP 2 x 2, train the losses of one process in half the memory", function()
+    if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
+    local steps = "--training.steps=3"
+    local val = { "--validation.enable=true", "--validation.freq=3", "--validation.steps=2" }
+    local one, two, three, hsdp = tmpdir(), tmpdir(), tmpdir(), tmpdir()
+    run_ok(train_cmd(1, one, with(val, { steps, "--training.local_batch_size=12" })))
+    -- (dp_shard = -1 by default: every rank is a shard)
+    local out = run_ok(train_cmd(2, two, { steps, "--training.local_batch_size=3", "--training.global_batch_tokens=384",
+      "--activation_checkpoint.mode=full", "--parallelism.fsdp_reshard_after_forward=always" }))
+    assert.truthy(out:find("data parallel: 2 ranks, FSDP over 2 shards: each rank keeps", 1, true), out)
+    out = run_ok(train_cmd(3, three, with(val, { steps, "--training.local_batch_size=4" })))
+    assert.truthy(out:find("validate: step     3  loss: +[%d.]+  %(768 tokens%)"), out)
+    out = run_ok(train_cmd(4, hsdp, with(val, { steps, "--training.local_batch_size=3", "--parallelism.dp_replicate=2" })))
+    assert.truthy(out:find("FSDP over 2 shards x 2 replicas (HSDP", 1, true), out)
+    local a = losses(one)
+    for name, dump in pairs({ two = two, three = three, hsdp = hsdp }) do
+      local b = losses(dump)
+      for s = 1, 3 do close(a[s], b[s], s, name) end
+    end
+    assert.is_true(a[3] < a[1])
+    local va = losses(one, "validation_loss")[3]
+    close(va, losses(three, "validation_loss")[3], 3, "validation (3 ranks)")
+    close(va, losses(hsdp, "validation_loss")[3], 3, "validation (HSDP)")
+    -- After a step a rank holds its shards of the weights and the optimizer state:
+    -- about half of what one process holds at 2 ranks (the data's buffers come on top).
+    local function mem(dump, key)
+      for line in io.lines(dump .. "/metrics.jsonl") do
+        local r = cjson.decode(line)
+        if r.step == 3 and r[key] then return r[key] end
+      end
+    end
+    local m1, m2 = mem(one, "memory_gib"), mem(two, "memory_gib")
+    assert.is_true(m2 < 0.6 * m1, ("memory after a step: 2-rank FSDP %.4f GiB vs one process %.4f GiB"):format(m2, m1))
+  end)
+
+  it("an FSDP checkpoint resumes exactly on the same shards, and onto DDP ranks", function()
+    if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
+    local ck = { "--checkpoint.enable=true", "--checkpoint.interval=2", "--training.local_batch_size=2" }
+    local straight, resumed, ddp = tmpdir(), tmpdir(), tmpdir()
+    run_ok(train_cmd(3, straight, with(ck, { "--training.steps=4" })))
+    -- each rank wrote its third of every tensor (and of AdamW's moments)
+    local meta = cjson.decode(assert(io.open(straight .. "/checkpoint/step-2/metadata.json")):read("*a"))
+    local sizes = {}
+    for r = 0, 2 do sizes[r] = meta.files[("rank-%d.bin"):format(r)].size end
+    assert.is_true(sizes[1] > 0.3 * (sizes[0] + sizes[1] + sizes[2]), cjson.encode(meta.files))
+    for _, dump in ipairs({ resumed, ddp }) do
+      assert.are.equal(0, select(2, sh.run(("mkdir -p %s/checkpoint && cp -r %s/checkpoint/step-2 %s/checkpoint/")
+        :format(dump, straight, dump))))
+    end
+    local out = run_ok(train_cmd(3, resumed, with(ck, { "--training.steps=4" })))
+    assert.truthy(out:find("resumed from step 2", 1, true), out)
+    run_ok(train_cmd(3, ddp, with(ck, { "--training.steps=4", "--parallelism.dp_replicate=3",
+      "--parallelism.dp_shard=1" })))
+    local a, b, c = losses(straight), losses(resumed), losses(ddp)
+    for s = 3, 4 do assert.are.equal(a[s], b[s], "step " .. s) end -- bit for bit
+    assert.are.equal(a[3], c[3]) -- the same weights, read back whole on each rank
+    close(a[4], c[4], 4, "DDP after FSDP")
+  end)
+end)
+
 describe("launcher and layout errors", function()
   local function one_line(cmd, pattern)
     local out, rc = sh.run(cmd)
@@ -173,9 +238,6 @@ describe("launcher and layout errors", function()
   local fake = "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 "
   it("the degrees must fit the ranks, and the ones not built are refused", function()
     local base = "lua/recipes/llama3_debugmodel.lua --metrics.peak_flops=1e11 --training.steps=1 "
-    one_line(fake .. exe .. " " .. base,
-      "parallelism.dp_shard = -1 (2 ranks), but FSDP sharding is not built yet (of the parallelisms, DDP runs: "
-      .. "parallelism.dp_replicate); expected --parallelism.dp_replicate=2 --parallelism.dp_shard=1")
     -- (the line says which rank: with several, only some may fail)
     one_line(fake .. exe .. " " .. base .. "--parallelism.dp_replicate=3 --parallelism.dp_shard=1",
       "titan (rank 0 of 2): trainer: parallelism.dp_replicate x dp_shard = 3 x 1, but the job has 2 rank(s)")
@@ -196,6 +258,8 @@ describe("launcher and layout errors", function()
         "mpi: this process is rank 0 of 1 in MPI_COMM_WORLD, but the group was asked for rank 0 of 2")
     end
     one_line(exe .. " " .. base .. "--parallelism.tp=2", "parallelism.tp = 2, but tensor parallelism is not built")
+    one_line(exe .. " " .. base .. "--parallelism.fsdp_reshard_after_forward=yes",
+      "parallelism.fsdp_reshard_after_forward must be default, always or never, got 'yes'")
     one_line(exe .. " " .. base .. "--parallelism.dp_replicate=0", "parallelism.dp_replicate = 0; expected a positive")
   end)
 

@@ -1,0 +1,400 @@
+-- fsdp.lua — fully sharded data parallelism, as FSDP2 (TorchTitan's
+-- fully_shard): each of the dp_shard ranks keeps 1/N of every parameter,
+-- of its gradient and of its optimizer state; a block's full parameters
+-- exist only while the block runs.
+--
+--   local fsdp = require("parallel.fsdp")
+--   local sharded = fsdp.apply(model, shard_group, { replicate = group | nil, reshard_after_forward = "default" })
+--   optimizer over sharded:named_parameters(); checkpoint with sharded:state_model() and sharded.shard_of
+--
+-- Units: each block of model.layers, and the root (the parameters outside
+-- the blocks: embeddings, final norm, output). A parameter is split along
+-- dim 0 as torch.chunk does (ceil(d0 / N) rows per rank, the last ranks
+-- fewer or none); a unit's shards live in one flat buffer, padded to the
+-- same size on every rank, so unsharding is one all-gather and the
+-- gradient reduction one reduce-scatter per unit.
+--
+-- A unit's life in a step (the model's own forward is unchanged: the
+-- hooks wrap the block's methods):
+--   forward     all-gather its parameters into their (kept) tensors; run;
+--               free that memory again (reshard after forward), except
+--               the last block under "default" and the root.
+--   backward    an identity on the block's outputs brings the parameters
+--               back before the block's first backward node runs (the
+--               pre-backward hook); an identity on its inputs runs after
+--               its last one (post-backward): the full gradients are
+--               reduce-scattered (summed) into the shards' .grad and freed,
+--               and so are the parameters. A final callback of the
+--               backward pass does the root and whatever no hook caught.
+-- The memory goes with tensor:free_storage(): the tensor objects, and the
+-- references autograd nodes hold to them, stay; the memory comes back at
+-- the same addresses of the same storage objects (tensor:alloc_storage()).
+--
+-- HSDP: with a replicate group, the shards' gradients are then summed over
+-- the replicas (all-reduce), which hold the same shards.
+local autograd = require("titan.autograd")
+local memory = require("titan.memory")
+local tensor = require("titan.tensor")
+
+local M = {}
+
+M.policies = { default = true, always = true, never = true }
+
+local function is_tensor(v) return type(v) == "table" and getmetatable(v) == tensor.Tensor end
+
+-- ---- one unit ------------------------------------------------------------
+
+local Unit = {}
+Unit.__index = Unit
+
+-- Rows of a dim-0 size d0 that rank r holds with chunks of c rows.
+local function rows_of(d0, c, r) return math.max(0, math.min(c, d0 - r * c)) end
+
+-- params: ordered {name, full tensor}. Copies this rank's rows of each into
+-- the unit's flat buffer, then frees the full parameters' memory.
+local function new_unit(fsdp, name, params, reshard_after_forward)
+  local W, rank = fsdp.group:size(), fsdp.group:rank()
+  local self = setmetatable({ fsdp = fsdp, name = name, params = {}, S = 0, unsharded = true, phase = "idle",
+    waiting = 0, reshard_after_forward = reshard_after_forward }, Unit)
+  local dtype, device
+  for _, np in ipairs(params) do
+    local full = np[2]
+    local shape = full:shape()
+    local d0 = #shape > 0 and shape[1] or 1
+    local numel = full:numel()
+    local rs = d0 > 0 and numel / d0 or 0
+    local c = math.ceil(d0 / W)
+    if dtype and (full:dtype() ~= dtype or full:device() ~= device) then
+      error(("fsdp: %s is %s on %s but the other parameters of %s are %s on %s; expected one dtype and device per "
+        .. "block"):format(np[1], full:dtype(), full:device(), name, dtype, device), 0)
+    end
+    dtype, device = full:dtype(), full:device()
+    local e = { name = np[1], full = full, shape = shape, d0 = d0, rs = rs, c = c, off = self.S,
+      rows = rows_of(d0, c, rank), row0 = rank * c }
+    self.params[#self.params + 1] = e
+    self.S = self.S + c * rs
+  end
+  self.dtype, self.device = dtype, device
+  self.flat = memory.keep(tensor.zeros({ math.max(self.S, 1) }, { dtype = dtype, device = device }))
+  autograd.no_grad(function()
+    for _, e in ipairs(self.params) do
+      if e.rows > 0 then
+        local sshape = { e.rows }
+        for d = 2, #e.shape do sshape[d] = e.shape[d] end
+        e.shard = memory.keep(memory.scope(function()
+          return self.flat:narrow(1, e.off + 1, e.rows * e.rs):reshape(sshape)
+        end))
+        memory.scope(function()
+          e.shard:copy_(e.full:reshape(e.d0, e.rs):narrow(1, e.row0 + 1, e.rows):reshape(sshape))
+        end)
+      end
+    end
+  end)
+  self:reshard()
+  return self
+end
+
+-- The full parameters, from every rank's shards (one all-gather).
+function Unit:unshard()
+  if self.unsharded then return end
+  local g, W, S = self.fsdp.group, self.fsdp.group:size(), self.S
+  autograd.no_grad(memory.scope, function()
+    local all = g:all_gather(self.flat)
+    for _, e in ipairs(self.params) do
+      e.full:alloc_storage()
+      local full2 = e.full:reshape(e.d0, e.rs)
+      for r = 0, W - 1 do
+        local n = rows_of(e.d0, e.c, r)
+        if n > 0 then
+          full2:narrow(1, r * e.c + 1, n):copy_(all:narrow(1, r * S + e.off + 1, n * e.rs):reshape(n, e.rs))
+        end
+      end
+    end
+  end)
+  self.unsharded = true
+  self.fsdp.stats.all_gathers = self.fsdp.stats.all_gathers + 1
+end
+
+-- The full parameters' memory goes back to the allocator.
+function Unit:reshard()
+  if not self.unsharded then return end
+  for _, e in ipairs(self.params) do e.full:free_storage() end
+  self.unsharded = false
+end
+
+-- Full gradients -> summed shards (one reduce-scatter; an all-reduce over
+-- the replicas under HSDP), accumulated into the shards' .grad; the full
+-- gradients are freed. Every rank runs the same code, so every rank calls
+-- the collective, or none does.
+function Unit:reduce_grads()
+  local any = false
+  for _, e in ipairs(self.params) do any = any or e.full.grad ~= nil end
+  if not any then return end
+  local f = self.fsdp
+  local W, S = f.group:size(), self.S
+  autograd.no_grad(memory.scope, function()
+    local packed = tensor.zeros({ W * math.max(S, 1) }, { dtype = self.dtype, device = self.device })
+    for _, e in ipairs(self.params) do
+      local grad = e.full.grad
+      if grad then
+        local g2 = grad:reshape(e.d0, e.rs)
+        for r = 0, W - 1 do
+          local n = rows_of(e.d0, e.c, r)
+          if n > 0 then
+            packed:narrow(1, r * S + e.off + 1, n * e.rs):copy_(g2:narrow(1, r * e.c + 1, n):reshape(n * e.rs))
+          end
+        end
+      end
+    end
+    local mine = f.group:reduce_scatter(packed, "sum")
+    if f.replicate then f.replicate:all_reduce(mine, "sum") end
+    for _, e in ipairs(self.params) do
+      if e.shard and e.full.grad then
+        local piece = mine:narrow(1, e.off + 1, e.rows * e.rs):reshape(e.shard:shape())
+        if e.shard.grad then e.shard.grad:add_(piece) else e.shard.grad = memory.keep(piece:clone()) end
+      end
+    end
+  end)
+  for _, e in ipairs(self.params) do
+    if e.full.grad then
+      e.full.grad:free()
+      e.full.grad = nil
+    end
+  end
+  f.stats.reduce_scatters = f.stats.reduce_scatters + 1
+end
+
+-- After the unit's last backward node: reduce, reshard, done.
+function Unit:post_backward()
+  self:reduce_grads()
+  self:reshard()
+  self.phase = "idle"
+  self.waiting = 0
+end
+
+-- ---- the hooks -------------------------------------------------------------
+
+-- An identity in the tape whose backward first calls on_grad(state): the
+-- hooks are nodes of the graph, which run in its order (no C callbacks).
+local function hook(name, on_grad)
+  return autograd.Function {
+    name = name,
+    forward = function(ctx, x, state)
+      ctx.state = state
+      return x:detach()
+    end,
+    backward = function(ctx, g)
+      on_grad(ctx.state)
+      return g
+    end,
+  }
+end
+
+-- On a block's outputs: runs before the block's first backward node (its
+-- outputs' gradients arrive).
+local PreBackward = hook("fsdp_pre_backward", function(u)
+  if u.phase ~= "backward" then
+    u.phase = "backward"
+    u:unshard()
+  end
+end)
+
+-- On a block's inputs: runs after its last backward node, when every one of
+-- its inputs' gradients is complete (a node runs after all the nodes that
+-- consume its output).
+local PostBackward = hook("fsdp_post_backward", function(u)
+  u.waiting = u.waiting - 1
+  if u.waiting == 0 and u.phase == "backward" then u:post_backward() end
+end)
+
+-- On the root's outputs: their gradients start the backward pass, whose end
+-- reduces what is left (the root's gradients; a block none of whose inputs
+-- needed a gradient).
+local RootBackward = hook("fsdp_root_backward", function(f)
+  if f.root.phase ~= "backward" then
+    f.root.phase = "backward"
+    f.root:unshard()
+    autograd.queue_callback(function() f:finish_backward() end)
+  end
+end)
+
+local function pack(...) return { n = select("#", ...), ... } end
+
+-- A block method run as a unit: unshard, hook the tensors in and out,
+-- reshard. Nested calls (forward -> forward_parts) and the recomputation
+-- of a checkpointed block inside the backward pass run as they are.
+local function unit_method(unit, fn)
+  return function(self, ...)
+    if unit.busy or unit.phase == "backward" then return fn(self, ...) end
+    unit:unshard()
+    local hooks = autograd.is_enabled()
+    local args = pack(...)
+    if hooks then
+      -- (counted until the backward: a second recorded forward before it
+      -- adds its inputs, and the last of them runs after both graphs' nodes)
+      for i = 1, args.n do
+        local a = args[i]
+        if is_tensor(a) and a.requires_grad then
+          args[i] = PostBackward(a, unit)
+          unit.waiting = unit.waiting + 1
+        end
+      end
+    end
+    unit.busy = true
+    local ok, res = pcall(function() return pack(fn(self, unpack(args, 1, args.n))) end)
+    unit.busy = false
+    if not ok then error(res, 0) end
+    if hooks then
+      for i = 1, res.n do
+        local r = res[i]
+        if is_tensor(r) and r.requires_grad then res[i] = PreBackward(r, unit) end
+      end
+    end
+    -- Without recording no backward comes: nothing would bring the memory back.
+    if unit.reshard_after_forward or not hooks then unit:reshard() end
+    return unpack(res, 1, res.n)
+  end
+end
+
+-- ---- the sharded model -----------------------------------------------------
+
+local FSDP = {}
+FSDP.__index = FSDP
+
+-- Every unit the backward pass left unreduced or unsharded, root last.
+function FSDP:finish_backward()
+  for _, u in ipairs(self.units) do
+    if u.phase == "backward" or u.unsharded then u:post_backward() end
+  end
+end
+
+-- Ordered {name, shard} of the parameters this rank holds rows of: what the
+-- optimizer updates and the checkpoint saves.
+function FSDP:named_parameters()
+  local out = {}
+  for _, e in ipairs(self.order) do
+    if e.shard then out[#out + 1] = { e.name, e.shard } end
+  end
+  return out
+end
+
+function FSDP:parameters()
+  local out = {}
+  for i, np in ipairs(self:named_parameters()) do out[i] = np[2] end
+  return out
+end
+
+-- For the checkpoint: the shards under the parameters' names, and the
+-- model's buffers (replicated, whole).
+function FSDP:state_model()
+  local f = self
+  return {
+    state_dict = function()
+      local names, tensors = {}, {}
+      for _, np in ipairs(f:named_parameters()) do
+        names[#names + 1] = np[1]
+        tensors[np[1]] = np[2]
+      end
+      for _, nb in ipairs(f.model:named_buffers()) do
+        names[#names + 1] = nb[1]
+        tensors[nb[1]] = nb[2]
+      end
+      return { names = names, tensors = tensors }
+    end,
+  }
+end
+
+-- x summed over the shard ranks (the gradient norm's squares).
+function FSDP:sum_over_shards(x) return self.group:sum_numbers({ x })[1] end
+
+-- Bytes of parameters this rank holds at rest (its shards, padding included).
+function FSDP:sharded_bytes()
+  local n = 0
+  for _, u in ipairs(self.units) do n = n + u.flat:nbytes() end
+  return n
+end
+
+-- Releases the shards, their gradients and the flat buffers now (the
+-- model's own tensors stay the model's: model:free()).
+function FSDP:free()
+  for _, u in ipairs(self.units) do
+    for _, e in ipairs(u.params) do
+      if e.shard then
+        if e.shard.grad then e.shard.grad:free(); e.shard.grad = nil end
+        e.shard:free()
+        e.shard = nil
+      end
+    end
+    u.flat:free()
+  end
+end
+
+-- group: the dp_shard ranks. opts.replicate: the dp_replicate group (HSDP)
+-- or nil; opts.reshard_after_forward: "default" (every block but the last;
+-- never the root), "always" or "never". The model's parameters must be
+-- materialized and initialized (the same on every rank).
+function M.apply(model, group, opts)
+  opts = opts or {}
+  local policy = opts.reshard_after_forward or "default"
+  if not M.policies[policy] then
+    error(("fsdp: reshard_after_forward = '%s'; expected default, always or never"):format(tostring(policy)), 0)
+  end
+  local layers = rawget(model, "layers")
+  if not layers then error("fsdp: the model has no `layers` (its blocks) to shard one by one", 0) end
+  local self = setmetatable({ model = model, group = group, replicate = opts.replicate, units = {}, order = {},
+    policy = policy, stats = { all_gathers = 0, reduce_scatters = 0 } }, FSDP)
+  local in_block, by_name = {}, {}
+  local names = layers._children
+  for i, name in ipairs(names) do
+    local block = layers[name]
+    local prefix = "layers." .. name .. "."
+    local params = {}
+    for _, np in ipairs(block:named_parameters()) do
+      params[#params + 1] = { prefix .. np[1], np[2] }
+      in_block[np[2]] = true
+    end
+    local reshard = policy == "always" or (policy == "default" and i < #names)
+    local u = new_unit(self, prefix:sub(1, -2), params, reshard)
+    self.units[#self.units + 1] = u
+    for _, e in ipairs(u.params) do by_name[e.name] = e end
+    for _, m in ipairs({ "forward", "forward_parts" }) do
+      local fn = block[m]
+      if type(fn) == "function" then rawset(block, m, unit_method(u, fn)) end
+    end
+  end
+  local rest = {}
+  for _, np in ipairs(model:named_parameters()) do
+    if not in_block[np[2]] then rest[#rest + 1] = np end
+  end
+  self.root = new_unit(self, "root", rest, false)
+  self.units[#self.units + 1] = self.root
+  for _, e in ipairs(self.root.params) do by_name[e.name] = e end
+  for _, np in ipairs(model:named_parameters()) do self.order[#self.order + 1] = by_name[np[1]] end
+  -- The root: unshard when the model's forward starts; the backward pass's
+  -- first node arms the final callback.
+  local forward, f = model.forward, self
+  rawset(model, "forward", function(m, ...)
+    f.root:unshard()
+    local hooks = autograd.is_enabled()
+    local res = pack(forward(m, ...))
+    for i = 1, res.n do
+      local r = res[i]
+      if hooks and is_tensor(r) and r.requires_grad then res[i] = RootBackward(r, f) end
+    end
+    if not hooks then
+      for _, u in ipairs(f.units) do u:reshard() end
+    end
+    return unpack(res, 1, res.n)
+  end)
+  -- The checkpoint's boxes: a shard is rows [row0, row0 + rows) of its parameter.
+  function self.shard_of(name)
+    local e = by_name[name]
+    if not e then return nil end
+    local off = { e.row0 }
+    for d = 2, #e.shape do off[d] = 0 end
+    return e.shape, off
+  end
+  return self
+end
+
+return M
