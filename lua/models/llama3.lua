@@ -199,11 +199,13 @@ function M.init_rules(a)
 end
 
 -- Apply the rules by name with the name-keyed RNG: the same weights for any
--- layout, device or construction order.
-function M.init_weights(model, seed)
+-- layout, device or construction order. only: a set of names to initialize
+-- (FSDP initializes one block at a time); nil: all.
+function M.init_weights(model, seed, only)
   local rules = M.init_rules(model.args)
   for _, np in ipairs(model:named_parameters()) do
     local name, p = np[1], np[2]
+    if only and not only[name] then goto continue end
     local spec
     for _, r in ipairs(rules) do
       local cap = name:match(r[1])
@@ -219,6 +221,7 @@ function M.init_weights(model, seed)
       elseif spec[1] == "ones" then p:fill_(1)
       else p:trunc_normal_(0, spec.std, spec.a or -2, spec.b or 2, key, 0) end
     end)
+    ::continue::
   end
   return model
 end

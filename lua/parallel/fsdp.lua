@@ -51,7 +51,9 @@ Unit.__index = Unit
 local function rows_of(d0, c, r) return math.max(0, math.min(c, d0 - r * c)) end
 
 -- params: ordered {name, full tensor}. Copies this rank's rows of each into
--- the unit's flat buffer, then frees the full parameters' memory.
+-- the unit's flat buffer, then frees the full parameters' memory. With
+-- fsdp.init, parameters without memory get it here and init(names) fills
+-- them: one unit's full parameters at a time, never the whole model.
 local function new_unit(fsdp, name, params, reshard_after_forward)
   local W, rank = fsdp.group:size(), fsdp.group:rank()
   local self = setmetatable({ fsdp = fsdp, name = name, params = {}, S = 0, unsharded = true, phase = "idle",
@@ -75,6 +77,18 @@ local function new_unit(fsdp, name, params, reshard_after_forward)
     self.S = self.S + c * rs
   end
   self.dtype, self.device = dtype, device
+  local fresh = {}
+  for _, e in ipairs(self.params) do
+    if not e.full:has_storage() then
+      if not fsdp.init then
+        error(("fsdp: %s has no memory; expected materialized parameters, or opts.init to initialize them")
+          :format(e.name), 0)
+      end
+      e.full:alloc_storage()
+      fresh[e.name] = true
+    end
+  end
+  if next(fresh) then fsdp.init(fresh) end
   self.flat = memory.keep(tensor.zeros({ math.max(self.S, 1) }, { dtype = dtype, device = device }))
   autograd.no_grad(function()
     for _, e in ipairs(self.params) do
@@ -331,8 +345,11 @@ end
 
 -- group: the dp_shard ranks. opts.replicate: the dp_replicate group (HSDP)
 -- or nil; opts.reshard_after_forward: "default" (every block but the last;
--- never the root), "always" or "never". The model's parameters must be
--- materialized and initialized (the same on every rank).
+-- never the root), "always" or "never". The model's parameters are either
+-- materialized and initialized (the same on every rank), or tensors without
+-- memory (model:to_empty(device, {params_storage = false})) and
+-- opts.init(names) initializes the named ones (a set) the same on every
+-- rank, a unit at a time.
 function M.apply(model, group, opts)
   opts = opts or {}
   local policy = opts.reshard_after_forward or "default"
@@ -342,7 +359,7 @@ function M.apply(model, group, opts)
   local layers = rawget(model, "layers")
   if not layers then error("fsdp: the model has no `layers` (its blocks) to shard one by one", 0) end
   local self = setmetatable({ model = model, group = group, replicate = opts.replicate, units = {}, order = {},
-    policy = policy, stats = { all_gathers = 0, reduce_scatters = 0 } }, FSDP)
+    policy = policy, stats = { all_gathers = 0, reduce_scatters = 0 }, init = opts.init }, FSDP)
   local in_block, by_name = {}, {}
   local names = layers._children
   for i, name in ipairs(names) do

@@ -221,12 +221,17 @@ end
 
 -- Give every parameter and buffer real memory on `device` (values
 -- undefined; follow with init_weights). Used after building on meta.
-function Module:to_empty(device)
+-- opts.params_storage = false: parameters become tensors of `device` whose
+-- storage is freed (tensor:free_storage()), one at a time, so that FSDP
+-- brings memory to one block at a time (lua/parallel/fsdp.lua).
+function Module:to_empty(device, opts)
+  local keep_storage = not opts or opts.params_storage ~= false
   for _, nm in ipairs(self:named_modules()) do
     local m = nm[2]
     for _, name in ipairs(m._params) do
       local p = rawget(m, name)
       local q = tensor.empty(p:shape(), { dtype = p:dtype(), device = device })
+      if not keep_storage then q:free_storage() end
       p:free()
       m:param(name, q)
     end

@@ -196,10 +196,11 @@ function M.new(cfg, opts)
   -- Transforms of the built model, in TorchTitan's order (TP, float8, AC,
   -- FSDP); of those, activation checkpointing and FSDP are built.
   self.ac_blocks, self.n_blocks = require("parallel.ac").apply(model, cfg.activation_checkpoint)
-  model:to_empty(t.device)
-  family.init_weights(model, t.seed)
   self.model, self.family = model, family
-  if self.dp_shard > 1 then
+  if self.dp_shard <= 1 then
+    model:to_empty(t.device)
+    family.init_weights(model, t.seed)
+  else
     -- The shard groups are runs of dp_shard consecutive ranks (the innermost
     -- mesh dim, as TorchTitan's [dp_replicate, dp_shard]); under HSDP the
     -- ranks holding the same shards form the replicate groups.
@@ -208,8 +209,12 @@ function M.new(cfg, opts)
       shard = self.dp:split(math.floor(self.rank / self.dp_shard), self.rank)
       rep = self.dp:split(self.rank % self.dp_shard, self.rank)
     end
+    -- (each block is materialized and initialized on its own, then sharded:
+    -- a rank never holds the whole model, not even at the start)
+    model:to_empty(t.device, { params_storage = false })
     self.fsdp = require("parallel.fsdp").apply(model, shard, { replicate = rep,
-      reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward })
+      reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward,
+      init = function(names) family.init_weights(model, t.seed, names) end })
   end
   self.flops_per_token, self.nparams = flops, nparams
 

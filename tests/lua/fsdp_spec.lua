@@ -141,6 +141,39 @@ describe("FSDP at world 1 (fake backend)", function()
     ids:free(); sharded:free(); model:free()
   end)
 
+  it("initializes a model without memory one block at a time, to the weights a whole initialization gives", function()
+    local whole = llama.build(ARGS, { device = "cpu", seed = 3 })
+    local bytes = whole:num_parameters() * 4
+    for _, rank in ipairs({ 0, 3 }) do
+      local model = llama.build(ARGS, { device = "meta" })
+      model:to_empty("cpu", { params_storage = false })
+      for _, np in ipairs(model:named_parameters()) do assert.is_false(np[2]:has_storage()) end
+      titan.reset_peak_memory("cpu")
+      local base = titan.memory_stats("cpu").allocated
+      local sharded = fsdp.apply(model, dist.new_group({ backend = "fake", rank = rank, world = 4 }),
+        { init = function(names) llama.init_weights(model, 3, names) end })
+      local peak = titan.memory_stats("cpu").peak_allocated - base
+      -- a quarter of the model kept, one block's full parameters at a time on top
+      assert.truthy(peak < 0.75 * bytes, ("peak %d bytes while sharding a %d-byte model"):format(peak, bytes))
+      local full = {}
+      for _, np in ipairs(whole:named_parameters()) do full[np[1]] = np[2] end
+      for _, np in ipairs(sharded:named_parameters()) do
+        local g, off = sharded.shard_of(np[1])
+        local rows = np[2]:size(1)
+        assert.are.same(flat(full[np[1]]:narrow(1, off[1] + 1, rows)), flat(np[2]), np[1])
+        assert.are.same(g, full[np[1]]:shape())
+      end
+      sharded:free(); model:free()
+    end
+    whole:free()
+    -- (materialized parameters are the other way in; neither is an error that says so)
+    local model = llama.build(ARGS, { device = "meta" })
+    model:to_empty("cpu", { params_storage = false })
+    assert.truthy(err(function() fsdp.apply(model, dist.new_group({ backend = "fake", rank = 0, world = 2 })) end)
+      :find("fsdp: layers.0.[%w_.]+ has no memory; expected materialized parameters, or opts.init"))
+    model:free()
+  end)
+
   it("a model without blocks is refused", function()
     local m = nn.Linear(4, 4)
     assert.truthy(err(function() fsdp.apply(m, dist.new_group({ backend = "fake", rank = 0, world = 1 })) end)
