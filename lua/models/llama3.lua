@@ -64,14 +64,16 @@ function Attention:init(a, opts)
   self.wv = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, opts)
   self.wo = nn.Linear(a.n_heads * a.head_dim, a.dim, opts)
 end
+-- (the head counts come from the projections' shapes, as TorchTitan's -1
+-- views: under tensor parallelism a rank's wq/wk/wv hold its heads only)
 function Attention:forward(x, rope)
   local B, T = x:size(1), x:size(2)
-  local q = self.wq(x):view(B, T, self.n_heads, self.head_dim)
-  local k = self.wk(x):view(B, T, self.n_kv_heads, self.head_dim)
-  local v = self.wv(x):view(B, T, self.n_kv_heads, self.head_dim)
+  local q = self.wq(x):view(B, T, -1, self.head_dim)
+  local k = self.wk(x):view(B, T, -1, self.head_dim)
+  local v = self.wv(x):view(B, T, -1, self.head_dim)
   q, k = F.rope(q, rope), F.rope(k, rope)
   local o = F.attention(q, k, v, { causal = true })
-  return self.wo(o:view(B, T, self.n_heads * self.head_dim))
+  return self.wo(o:view(B, T, -1))
 end
 
 local FeedForward = nn.Module:extend("FeedForward")
@@ -171,6 +173,23 @@ function Transformer:forward(ids)
   local w = self.output and self.output.weight or self.tok_embeddings.weight
   return F.linear(h, w)
 end
+
+-- ---- tensor parallelism: what lua/parallel/tp.lua splits in a block --------------
+M.tp_plan = {
+  regions = { "attention", "feed_forward" },
+  colwise = { "attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3" },
+  rowwise = { "attention.wo", "feed_forward.w2" },
+  -- each rank takes whole heads (and whole groups of query heads per kv head)
+  check = function(a, tp)
+    if a.n_kv_heads % tp ~= 0 then
+      return ("n_kv_heads = %d is not a multiple of parallelism.tp = %d (each rank takes whole heads)")
+        :format(a.n_kv_heads, tp)
+    end
+    if a.ffn_hidden % tp ~= 0 then
+      return ("the feed-forward's %d hidden units are not a multiple of parallelism.tp = %d"):format(a.ffn_hidden, tp)
+    end
+  end,
+}
 
 -- ---- initialization: rules are data ------------------------------------------
 

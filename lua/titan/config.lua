@@ -162,7 +162,7 @@ M.descriptions = {
     "FSDP shards (each rank holds 1/N of parameters, gradients, optimizer state); -1: the ranks dp_replicate leaves",
   ["parallelism.fsdp_reshard_after_forward"] =
     "default (every block but the last frees its gathered parameters after its forward), always or never",
-  ["parallelism.tp"] = "tensor-parallel degree (not built yet: 1)",
+  ["parallelism.tp"] = "tensor-parallel degree: each block's heads and feed-forward split over tp ranks",
   ["parallelism.pp"] = "pipeline-parallel stages (not built yet: 1)",
   ["debug.deterministic"] = "same seed, same bits on a GPU (deterministic cuDNN engines only)",
 }

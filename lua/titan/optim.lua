@@ -219,13 +219,27 @@ end
 -- torch.nn.utils.clip_grad_norm_). Returns the norm before clipping.
 -- opts.sum_squares(x): the sum over the ranks of each one's sum of squares,
 -- when each holds a share of the gradients (FSDP); every rank must call it.
+-- opts.sharded: the set of parameters held in shares (TP); the others are
+-- whole on every rank and counted once.
 function M.clip_grad_norm(params, max_norm, opts)
-  local grads = {}
+  opts = opts or {}
+  local grads, split, whole = {}, {}, {}
   for _, p in ipairs(params) do
-    if p.grad then grads[#grads + 1] = p.grad end
+    if p.grad then
+      grads[#grads + 1] = p.grad
+      if opts.sharded and not opts.sharded[p] then whole[#whole + 1] = p.grad else split[#split + 1] = p.grad end
+    end
   end
-  local norm = #grads > 0 and ops.global_norm(grads) or 0
-  if opts and opts.sum_squares then norm = math.sqrt(opts.sum_squares(norm * norm)) end
+  local function sq(ts)
+    local n = #ts > 0 and ops.global_norm(ts) or 0
+    return n * n
+  end
+  local norm
+  if opts.sum_squares then
+    norm = math.sqrt(opts.sum_squares(sq(split)) + sq(whole))
+  else
+    norm = #grads > 0 and ops.global_norm(grads) or 0
+  end
   if max_norm and max_norm > 0 and norm > max_norm then
     ops.scale_multi_(grads, max_norm / (norm + 1e-6))
   end

@@ -102,17 +102,24 @@ local function mkdir_p(path)
 end
 
 -- The parallelism degrees against the ranks this job has (TorchTitan's
--- keys and their -1 = "the ranks left"). Of the parallelisms, data
--- parallelism runs today: replicated (DDP), sharded (FSDP) and both (HSDP);
--- a degree that asks for another is refused, never ignored: the job would
--- train something else than asked. Returns dp_replicate, dp_shard.
+-- keys and their -1 = "the ranks left"). Data parallelism runs today:
+-- replicated (DDP), sharded (FSDP) and both (HSDP), and tensor parallelism
+-- alone or with DDP; a degree that asks for another is refused, never
+-- ignored: the job would train something else than asked. Returns
+-- dp_replicate, dp_shard, tp.
 local function resolve_parallelism(p, world)
-  local function refuse(key, v, what, expected)
-    error(("trainer: parallelism.%s = %s, but %s is not built yet (of the parallelisms, data parallelism runs: "
-      .. "parallelism.dp_replicate and dp_shard); expected %s"):format(key, tostring(v), what, expected), 0)
+  if p.pp ~= 1 then
+    error(("trainer: parallelism.pp = %s, but pipeline parallelism is not built yet (data and tensor parallelism "
+      .. "run); expected parallelism.pp=1"):format(tostring(p.pp)), 0)
   end
-  if p.tp ~= 1 then refuse("tp", p.tp, "tensor parallelism", "parallelism.tp=1") end
-  if p.pp ~= 1 then refuse("pp", p.pp, "pipeline parallelism", "parallelism.pp=1") end
+  local tp = p.tp
+  if tp < 1 or tp % 1 ~= 0 then error(("trainer: parallelism.tp = %s; expected a positive degree"):format(tp), 0) end
+  if world % tp ~= 0 then
+    error(("trainer: parallelism.tp = %d, but the job has %d rank(s); expected tp to divide the number of ranks "
+      .. "(titan --nproc N)"):format(tp, world), 0)
+  end
+  local tps = tp > 1 and (" x %d"):format(tp) or ""
+  world = world / tp -- the data-parallel ranks
   local rep, shard = p.dp_replicate, p.dp_shard
   for key, v in pairs({ dp_replicate = rep, dp_shard = shard }) do
     if v ~= -1 and (v < 1 or v % 1 ~= 0) then
@@ -127,11 +134,16 @@ local function resolve_parallelism(p, world)
   if shard == -1 then shard = world / rep end
   -- (a -1 that leaves a fraction of a rank is as wrong as a product that misses)
   if rep * shard ~= world or rep % 1 ~= 0 or shard % 1 ~= 0 or rep < 1 or shard < 1 then
-    error(("trainer: parallelism.dp_replicate x dp_shard = %s x %s, but the job has %d rank(s); expected their "
-      .. "product to be the number of ranks (titan --nproc N)"):format(tostring(p.dp_replicate),
-      tostring(p.dp_shard), world), 0)
+    error(("trainer: parallelism.dp_replicate x dp_shard%s = %s x %s%s, but the job has %d rank(s); expected their "
+      .. "product to be the number of ranks (titan --nproc N)"):format(tp > 1 and " x tp" or "",
+      tostring(p.dp_replicate), tostring(p.dp_shard), tps, world * tp), 0)
   end
-  return rep, shard
+  if tp > 1 and shard > 1 then
+    error(("trainer: parallelism.dp_shard = %s (%d ranks) with parallelism.tp = %d, but FSDP with tensor parallelism "
+      .. "(2D) is not built yet; expected --parallelism.dp_shard=1 (DDP across the tp groups: "
+      .. "--parallelism.dp_replicate=%d)"):format(tostring(p.dp_shard), shard, tp, world), 0)
+  end
+  return rep, shard, tp
 end
 
 -- opts.print: where log lines go (default stdout).
@@ -147,7 +159,10 @@ function M.new(cfg, opts)
       .. "(NCCL across GPUs is not wired into the trainer yet); expected training.device=cpu"):format(self.world,
       t.device), 0)
   end
-  self.dp_replicate, self.dp_shard = resolve_parallelism(cfg.parallelism, self.world)
+  self.dp_replicate, self.dp_shard, self.tp = resolve_parallelism(cfg.parallelism, self.world)
+  -- tp is the innermost mesh dim: the ranks of a tp group are consecutive,
+  -- and read the same data; the data-parallel rank is the tp group's.
+  self.dp_rank, self.dp_size = math.floor(self.rank / self.tp), self.world / self.tp
   -- Log lines come from rank 0 (every rank computes the same ones).
   self.print = opts.print or function(line)
     if self.rank == 0 then io.stdout:write(line, "\n"); io.stdout:flush() end
@@ -172,6 +187,7 @@ function M.new(cfg, opts)
   local model = family.build(cfg.model.flavor, { device = "meta", dtype = t.mixed_precision_param,
     overrides = { max_seq_len = math.max(t.seq_len, family.args(cfg.model.flavor).max_seq_len) } })
   local flops, nparams = family.flops_per_token(model, t.seq_len)
+  if self.tp > 1 then require("parallel.tp").check(model, family.tp_plan, self.tp) end
   local bytes_per = ({ float32 = 4, float64 = 8, bfloat16 = 2 })[t.mixed_precision_param] or 4
   -- weights + gradients + two f32 AdamW moments (+ f32 master weights under bf16)
   local need = nparams * (2 * bytes_per + 8 + (bytes_per < 4 and 4 or 0))
@@ -182,7 +198,7 @@ function M.new(cfg, opts)
   local total = metrics.device_memory_bytes(t.device)
   local here = t.device == "cpu" and env.local_size or 1
   local limit = total and (t.device == "cpu" and 0.8 * total or total)
-  if limit and need * here / self.dp_shard > limit then
+  if limit and need * here / (self.dp_shard * self.tp) > limit then
     error(("trainer: %s %s has %.2fB parameters and needs ~%.0f GiB for weights, gradients and optimizer state "
       .. "in %s%s, but %s has %.0f GiB; %s"):format(cfg.model.name, cfg.model.flavor, nparams / 1e9, need / 2 ^ 30,
       t.mixed_precision_param, here > 1 and (" on each of the %d ranks on this host"):format(here) or "",
@@ -192,14 +208,28 @@ function M.new(cfg, opts)
       or "it needs sharding over several GPUs (the distributed work), or pick a smaller flavor"), 0)
   end
   -- The ranks meet (MPI starts) once the layout and the sizes are known to fit.
-  if self.world > 1 then self.dp = dist.world_group() end
-  -- Transforms of the built model, in TorchTitan's order (TP, float8, AC,
-  -- FSDP); of those, activation checkpointing and FSDP are built.
+  -- self.dp: the data-parallel ranks (nil: one); self.tp_group: this rank's
+  -- tensor-parallel ranks.
+  if self.world > 1 then
+    self.world_group = dist.world_group()
+    if self.tp > 1 then
+      self.tp_group = self.world_group:split(self.dp_rank, self.rank)
+      if self.dp_size > 1 then self.dp = self.world_group:split(self.rank % self.tp, self.rank) end
+    else
+      self.dp = self.world_group
+    end
+  end
+  -- Transforms of the built model (TorchTitan's are TP, float8, AC, FSDP;
+  -- of those, TP, AC and FSDP are built). TP splits materialized weights, so
+  -- it comes after the initialization here; AC wraps whole blocks and TP
+  -- the attention and feed-forward inside them, in either order.
   self.ac_blocks, self.n_blocks = require("parallel.ac").apply(model, cfg.activation_checkpoint)
   self.model, self.family = model, family
   if self.dp_shard <= 1 then
     model:to_empty(t.device)
     family.init_weights(model, t.seed)
+    -- (the whole model is initialized, then each rank keeps its slices)
+    if self.tp > 1 then self.tp_plan = require("parallel.tp").apply(model, self.tp_group, family.tp_plan) end
   else
     -- The shard groups are runs of dp_shard consecutive ranks (the innermost
     -- mesh dim, as TorchTitan's [dp_replicate, dp_shard]); under HSDP the
@@ -228,10 +258,10 @@ function M.new(cfg, opts)
       self.tokenizer.vocab_size, model.args.vocab_size), 0)
   end
   local build_data = cfg.build_data or require("titan.data").build
-  self.data = build_data(cfg, self.tokenizer, { rank = self.rank, world = self.world })
+  self.data = build_data(cfg, self.tokenizer, { rank = self.dp_rank, world = self.dp_size })
 
   -- Gradient accumulation from the global batch in tokens.
-  local per_micro = t.local_batch_size * t.seq_len * self.world
+  local per_micro = t.local_batch_size * t.seq_len * self.dp_size
   if t.global_batch_tokens > 0 then
     if t.global_batch_tokens % per_micro ~= 0 then
       error(("trainer: training.global_batch_tokens = %d is not a multiple of local_batch_size * seq_len * dp = %d")
@@ -272,10 +302,12 @@ function M.new(cfg, opts)
 
   -- Checkpoints: resume from the latest complete one (or load_step), unless
   -- this run only creates the seed checkpoint.
-  local dp = self.dp
+  local wg = self.world_group
+  local layout = self.fsdp or self.tp_plan
   self.checkpoint = ckpt.Manager(cfg.checkpoint, { dump_folder = cfg.job.dump_folder, rank = self.rank,
-    world = self.world, log = function(line) self.print(line) end, shard_of = self.fsdp and self.fsdp.shard_of,
-    gather = dp and function(v) return dp:gather_object(v) end, barrier = dp and function() dp:barrier() end })
+    world = self.world, log = function(line) self.print(line) end, shard_of = layout and layout.shard_of,
+    data_rank = self.dp_rank,
+    gather = wg and function(v) return wg:gather_object(v) end, barrier = wg and function() wg:barrier() end })
   self.checkpoint:prepare()
   if not cfg.checkpoint.create_seed_checkpoint then
     local state = self:ckpt_state()
@@ -308,7 +340,7 @@ function Trainer:banner()
     a.n_heads, a.n_kv_heads, vocab, titan.num_threads(), t.device))
   self.print(("batch %d x %d tokens x %d accumulation = %s tokens/step | %d steps | peak %.1f GFLOP/s (%s) | %s FLOPs/token")
     :format(t.local_batch_size, t.seq_len, self.grad_accum,
-      metrics.commas(t.local_batch_size * t.seq_len * self.grad_accum * self.world), t.steps, self.peak_flops / 1e9,
+      metrics.commas(t.local_batch_size * t.seq_len * self.grad_accum * self.dp_size), t.steps, self.peak_flops / 1e9,
       self.cfg.metrics.peak_flops > 0 and "configured" or "measured", metrics.commas(self.flops_per_token)))
   if self.fsdp then
     local rep = self.dp_replicate > 1 and (" x %d replicas (HSDP: shard gradients then summed over the replicas)")
@@ -319,7 +351,11 @@ function Trainer:banner()
       self.cfg.parallelism.fsdp_reshard_after_forward, titan.num_threads()))
   elseif self.dp then
     self.print(("data parallel: %d ranks (DDP over MPI: gradients summed in ~25 MB buckets each step), %d threads "
-      .. "each; tps and MFU are per rank"):format(self.world, titan.num_threads()))
+      .. "each; tps and MFU are per rank"):format(self.dp_size, titan.num_threads()))
+  end
+  if self.tp_plan then
+    self.print(("tensor parallel: %d ranks per replica split each block's heads and feed-forward units (two "
+      .. "all-reduces of the activations per block each way); tps and MFU are per rank"):format(self.tp))
   end
   if self.ac_blocks > 0 then
     -- (tflops and MFU count the model's FLOPs, not the recomputation's: as TorchTitan's)
@@ -409,7 +445,7 @@ end
 -- ranks take the same stop-or-go decision at a step boundary.
 function Trainer:agree_signal(signum)
   local t = titan.tensor({ signum or 0 }, { dtype = "int64" })
-  self.dp:all_reduce(t, "max")
+  self.world_group:all_reduce(t, "max")
   local v = t:tolist_flat()[1]
   t:free()
   return v > 0 and v or nil
@@ -427,10 +463,16 @@ function Trainer:update(params)
     if norm then return norm end
   end
   -- (FSDP: each rank holds a share of every gradient; the squares are summed
-  -- over the shard ranks, whose replicas hold the same shares)
-  local fsdp = self.fsdp
-  local grad_norm = optim.clip_grad_norm(params, self.cfg.training.max_norm,
-    fsdp and { sum_squares = function(sq) return fsdp:sum_over_shards(sq) end } or nil)
+  -- over the shard ranks, whose replicas hold the same shares. TP: the split
+  -- weights' squares are summed over the tp ranks, the whole ones counted once.)
+  local fsdp, tpp = self.fsdp, self.tp_plan
+  local opts
+  if fsdp then
+    opts = { sum_squares = function(sq) return fsdp:sum_over_shards(sq) end }
+  elseif tpp then
+    opts = { sharded = tpp.sharded, sum_squares = function(sq) return tpp.group:sum_numbers({ sq })[1] end }
+  end
+  local grad_norm = optim.clip_grad_norm(params, self.cfg.training.max_norm, opts)
   self.optimizer:step()
   -- A captured graph accumulates into these very buffers: zero, keep them.
   self.optimizer:zero_grad({ set_to_none = self.graph_state == nil })
@@ -511,7 +553,7 @@ function Trainer:train(until_step)
     if cfg.validation.enable and step % cfg.validation.freq == 0 then self:validate() end
     self.checkpoint:maybe_save(step, self:ckpt_state(), { final = step == t.steps })
     local sig, signum = ckpt.signal_pending()
-    if self.dp then
+    if self.world_group then
       -- Every rank stops at the same step boundary (the saves are collective):
       -- a signal any rank has seen stops them all, named by the highest number.
       signum = self:agree_signal(signum)

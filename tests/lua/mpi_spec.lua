@@ -44,6 +44,12 @@ local function run_ok(cmd)
 end
 
 local DDP = { "--parallelism.dp_replicate=2", "--parallelism.dp_shard=1" }
+-- The same loss up to float32 rounding (sums over ranks in another order).
+local function close(a, b, s, what)
+  assert.is_true(math.abs(a - b) <= 2e-5 * math.abs(a), ("%s step %d: %.9g vs %.9g"):format(what, s, a, b))
+end
+-- Settings for a validation at step 3 over 2 batches.
+local VAL = { "--validation.enable=true", "--validation.freq=3", "--validation.steps=2" }
 local function with(a, b)
   local t = {}
   for _, x in ipairs(a) do t[#t + 1] = x end
@@ -68,7 +74,7 @@ describe("data parallelism over MPI", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
     local steps = "--training.steps=3"
     -- validation at step 3 over 2 batches: each rank validates its share, the loss is over all
-    local val = { "--validation.enable=true", "--validation.freq=3", "--validation.steps=2" }
+    local val = VAL
     local one, two, acc = tmpdir(), tmpdir(), tmpdir()
     run_ok(train_cmd(1, one, with(val, { steps, "--training.local_batch_size=4" })))
     local out = run_ok(train_cmd(2, two, with(DDP, with(val, { steps, "--training.local_batch_size=2" }))))
@@ -151,14 +157,10 @@ exit $rc]]):format(cmd, dump, dump, dump))
 end)
 
 describe("FSDP over MPI", function()
-  local function close(a, b, s, what)
-    assert.is_true(math.abs(a - b) <= 2e-5 * math.abs(a), ("%s step %d: %.9g vs %.9g"):format(what, s, a, b))
-  end
-
   it("2 and 3 ranks (uneven shards), and HSDP 2 x 2, train the losses of one process in half the memory", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
     local steps = "--training.steps=3"
-    local val = { "--validation.enable=true", "--validation.freq=3", "--validation.steps=2" }
+    local val = VAL
     local one, two, three, hsdp = tmpdir(), tmpdir(), tmpdir(), tmpdir()
     run_ok(train_cmd(1, one, with(val, { steps, "--training.local_batch_size=12" })))
     -- (dp_shard = -1 by default: every rank is a shard)
@@ -215,6 +217,52 @@ describe("FSDP over MPI", function()
   end)
 end)
 
+describe("tensor parallelism over MPI", function()
+  it("tp 2, with activation checkpointing, and tp 2 x DDP 2 train the losses of one process", function()
+    if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
+    local steps = "--training.steps=3"
+    local val = VAL
+    local one, tp2, tpdp = tmpdir(), tmpdir(), tmpdir()
+    run_ok(train_cmd(1, one, with(val, { steps, "--training.local_batch_size=4" })))
+    -- (the ranks of a tp group read the same data: batch 4 each, 4 per step)
+    local out = run_ok(train_cmd(2, tp2, with(val, { steps, "--training.local_batch_size=4", "--parallelism.tp=2",
+      "--activation_checkpoint.mode=full" })))
+    assert.truthy(out:find("tensor parallel: 2 ranks per replica", 1, true), out)
+    assert.truthy(out:find("x 1 accumulation = 128 tokens/step", 1, true), out)
+    out = run_ok(train_cmd(4, tpdp, with(val, { steps, "--training.local_batch_size=2", "--parallelism.tp=2",
+      "--parallelism.dp_replicate=2", "--parallelism.dp_shard=1" })))
+    assert.truthy(out:find("data parallel: 2 ranks (DDP", 1, true), out)
+    local a = losses(one)
+    for name, dump in pairs({ tp2 = tp2, tpdp = tpdp }) do
+      local b = losses(dump)
+      for s = 1, 3 do close(a[s], b[s], s, name) end
+      close(losses(one, "validation_loss")[3], losses(dump, "validation_loss")[3], 3, name .. " validation")
+    end
+  end)
+
+  it("a tp checkpoint resumes exactly on tp ranks, and in one process", function()
+    if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
+    local ck = { "--checkpoint.enable=true", "--checkpoint.interval=2", "--training.local_batch_size=2" }
+    local TP = { "--parallelism.tp=2" }
+    local straight, resumed, single = tmpdir(), tmpdir(), tmpdir()
+    run_ok(train_cmd(2, straight, with(TP, with(ck, { "--training.steps=4" }))))
+    for _, dump in ipairs({ resumed, single }) do
+      assert.are.equal(0, select(2, sh.run(("mkdir -p %s/checkpoint && cp -r %s/checkpoint/step-2 %s/checkpoint/")
+        :format(dump, straight, dump))))
+    end
+    local out = run_ok(train_cmd(2, resumed, with(TP, with(ck, { "--training.steps=4" }))))
+    assert.truthy(out:find("resumed from step 2", 1, true), out)
+    -- (one data-parallel rank saved it: one process takes its data position too)
+    out = run_ok(train_cmd(1, single, with(ck, { "--training.steps=4" })))
+    assert.truthy(out:find("resumed from step 2", 1, true), out)
+    local a, b, c = losses(straight), losses(resumed), losses(single)
+    for s = 3, 4 do
+      assert.are.equal(a[s], b[s], "step " .. s) -- bit for bit
+      close(a[s], c[s], s, "one process after tp")
+    end
+  end)
+end)
+
 describe("launcher and layout errors", function()
   local function one_line(cmd, pattern)
     local out, rc = sh.run(cmd)
@@ -257,7 +305,17 @@ describe("launcher and layout errors", function()
       one_line(fake .. exe .. " " .. base .. "--parallelism.dp_replicate=2 --parallelism.dp_shard=1",
         "mpi: this process is rank 0 of 1 in MPI_COMM_WORLD, but the group was asked for rank 0 of 2")
     end
-    one_line(exe .. " " .. base .. "--parallelism.tp=2", "parallelism.tp = 2, but tensor parallelism is not built")
+    one_line(exe .. " " .. base .. "--parallelism.tp=2", "parallelism.tp = 2, but the job has 1 rank(s); expected tp "
+      .. "to divide the number of ranks")
+    one_line(exe .. " " .. base .. "--parallelism.pp=2", "parallelism.pp = 2, but pipeline parallelism is not built")
+    -- (checked before any process group: one line, from the launcher's variables alone)
+    one_line("OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=3 " .. exe .. " " .. base .. "--parallelism.tp=3",
+      "tp: n_kv_heads = 16 is not a multiple of parallelism.tp = 3 (each rank takes whole heads)")
+    one_line("OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4 " .. exe .. " " .. base .. "--parallelism.tp=2",
+      "parallelism.dp_shard = -1 (2 ranks) with parallelism.tp = 2, but FSDP with tensor parallelism (2D) is not "
+      .. "built yet; expected --parallelism.dp_shard=1 (DDP across the tp groups: --parallelism.dp_replicate=2)")
+    one_line(fake .. exe .. " " .. base .. "--parallelism.tp=2 --parallelism.dp_replicate=2",
+      "parallelism.dp_replicate x dp_shard x tp = 2 x -1 x 2, but the job has 2 rank(s)")
     one_line(exe .. " " .. base .. "--parallelism.fsdp_reshard_after_forward=yes",
       "parallelism.fsdp_reshard_after_forward must be default, always or never, got 'yes'")
     one_line(exe .. " " .. base .. "--parallelism.dp_replicate=0", "parallelism.dp_replicate = 0; expected a positive")

@@ -263,7 +263,7 @@ describe("bad recipes", function()
     local file = os.tmpname()
     local debug = "lua/recipes/llama3_debugmodel.lua "
     local cmdline = {
-      { debug .. "--parallelism.tp=2", "parallelism.tp = 2, but tensor parallelism is not built yet" },
+      { debug .. "--parallelism.tp=2", "parallelism.tp = 2, but the job has 1 rank(s); expected tp to divide" },
       { debug .. "--parallelism.pp=4", "parallelism.pp = 4, but pipeline parallelism is not built yet" },
       { debug .. "--parallelism.dp_shard=8", "dp_replicate x dp_shard = 1 x 8, but the job has 1 rank(s)" },
       { debug .. "--model.flavor=405B", "llama3 405B has 405.85B parameters and needs ~6048 GiB" },

@@ -48,7 +48,9 @@ local function warn(msg)
 end
 
 -- cfg: the `checkpoint` section (missing keys take M.defaults); opts:
--- dump_folder, rank, world, gather, barrier, shard_of, log (a function
+-- dump_folder, rank, world, gather, barrier, shard_of, data_rank (this
+-- rank's data-parallel rank, whose data position it restores: tensor-
+-- parallel ranks share one; default rank), log (a function
 -- receiving info lines; default: print on rank 0).
 function M.new(cfg, opts)
   cfg = cfg or {}
@@ -87,7 +89,7 @@ function M.new(cfg, opts)
     cfg = c, enable = c.enable, interval = c.interval, async = ASYNC[c.async_mode], exclude = exclude,
     folder = fs.join(opts.dump_folder or ".", c.folder), rank = rank, world = world,
     gather = opts.gather or function(v) return { v } end, barrier = opts.barrier or function() end,
-    shard_of = opts.shard_of, pending = nil, last_saved = nil,
+    shard_of = opts.shard_of, pending = nil, last_saved = nil, data_rank = opts.data_rank or rank,
     log = opts.log or function(msg) if rank == 0 then print("checkpoint: " .. msg) end end,
   }, Manager)
   return self
@@ -123,7 +125,13 @@ function Manager:save(step, parts, opts)
   -- Each data-parallel rank reads its own share of the data: every rank's
   -- position is kept (ts.dataloader stays rank 0's, so a reader that knows
   -- one rank, or a resume onto other ranks, sees a state it can check).
-  if self.world > 1 and ts.dataloader then ts.dataloader_ranks = self.gather(ts.dataloader) end
+  -- (one per data-parallel rank: the ranks of a tensor-parallel group read
+  -- the same data)
+  if self.world > 1 and ts.dataloader then
+    local positions = {}
+    for _, p in ipairs(self.gather({ self.data_rank, ts.dataloader })) do positions[p[1] + 1] = p[2] end
+    ts.dataloader_ranks = positions
+  end
   if self.world > 1 then -- write each replicated box once (the lowest rank holding it)
     local mine = {}
     for i, it in ipairs(items) do mine[i] = { name = it.name, offset = it.offset, size = it.tensor:shape() } end
@@ -293,7 +301,7 @@ function Manager:load(parts)
   local ck = format.open(dir)
   if ck.step == 0 then model_only = true end -- a seed checkpoint
   local ts = state.restore(ck, parts, { model_only = model_only, exclude = self.exclude, shard_of = self.shard_of,
-    rank = self.rank })
+    rank = self.data_rank })
   model_only = model_only or ck.meta.model_only
   local step = initial and 0 or ck.step
   local info = { path = dir, model_only = model_only, extra = {} }

@@ -1,0 +1,126 @@
+-- tp.lua — tensor parallelism as Megatron-LM splits a transformer block
+-- (TorchTitan's plan, without sequence parallelism): the projections into
+-- a region (wq, wk, wv; w1, w3) are split by output rows ("colwise": each
+-- rank computes its own heads, its share of the hidden units), the
+-- projection out of it (wo; w2) by input columns ("rowwise": each rank's
+-- product is a partial sum). The region's input enters through an identity
+-- whose backward all-reduces the gradient (Megatron's f), its output
+-- leaves through an all-reduce whose backward is the identity (g): two
+-- all-reduces of the activations per block in the forward, two in the
+-- backward. Embeddings, norms and the output projection stay whole on
+-- every rank, which computes them on the same values: their gradients
+-- agree without communication.
+--
+--   local tp = require("parallel.tp")
+--   local plan = tp.apply(model, tp_group, family.tp_plan)   -- materialized, initialized model
+--   plan.shard_of(name) -> global shape, offset (checkpoint boxes); plan.sharded[param] = true
+--
+-- The model family says what to split (a plan table: its regions, colwise
+-- and rowwise linears, and a check of its sizes); this file knows no model.
+local autograd = require("titan.autograd")
+local memory = require("titan.memory")
+
+local M = {}
+
+-- Megatron's f: identity forward, gradient summed over the ranks.
+local CopyIn = autograd.Function {
+  name = "tp_copy_in",
+  forward = function(ctx, x, group)
+    ctx.group = group
+    return x:detach()
+  end,
+  backward = function(ctx, g)
+    ctx.group:all_reduce(g, "sum")
+    return g
+  end,
+}
+
+-- Megatron's g: the partial sums added over the ranks; identity backward.
+local ReduceOut = autograd.Function {
+  name = "tp_reduce_out",
+  forward = function(_, x, group)
+    local out = x:clone()
+    group:all_reduce(out, "sum")
+    return out
+  end,
+  backward = function(_, g) return g end,
+}
+
+local function resolve(block, path)
+  local m = block
+  for part in path:gmatch("[^.]+") do
+    m = m[part]
+    if m == nil then error(("tp: the block has no %s (the model's tp_plan names it)"):format(path), 0) end
+  end
+  return m
+end
+
+-- Replaces linear m's weight by this rank's slice along dim (1: rows, 2:
+-- columns); returns the global shape and the slice's offset.
+local function split(m, name, dim, tp, rank)
+  local w = rawget(m, "weight")
+  local shape = w:shape()
+  if shape[dim] % tp ~= 0 then
+    error(("tp: %s has %d %s, not a multiple of tp = %d"):format(name, shape[dim], dim == 1 and "rows" or "columns",
+      tp), 0)
+  end
+  if rawget(m, "bias") then error(("tp: %s has a bias; the plan splits bias-free linears only"):format(name), 0) end
+  local n = shape[dim] / tp
+  local part = autograd.no_grad(function()
+    return memory.scope(function() return w:narrow(dim, rank * n + 1, n):clone() end)
+  end)
+  w:free()
+  m:param("weight", part)
+  if m.out_features and dim == 1 then m.out_features = n end
+  if m.in_features and dim == 2 then m.in_features = n end
+  local off = { 0, 0 }
+  off[dim] = rank * n
+  return shape, off
+end
+
+-- Can `model` (built, even on meta) be split tp ways by `plan`? An error
+-- that says why not; before any process group exists.
+function M.check(model, plan, tp)
+  if not plan then error("tp: the model family has no tp_plan (which linears to split)", 0) end
+  local why = plan.check and plan.check(model.args, tp)
+  if why then error("tp: " .. why, 0) end
+  if not rawget(model, "layers") then error("tp: the model has no `layers` (its blocks) to split", 0) end
+end
+
+-- model: materialized and initialized (the same on every rank). group: the
+-- tp ranks. plan: { regions = {...}, colwise = {...}, rowwise = {...},
+-- check = function(args, tp) -> error text or nil }.
+function M.apply(model, group, plan)
+  local tp, rank = group:size(), group:rank()
+  M.check(model, plan, tp)
+  local layers = rawget(model, "layers")
+  local out = { boxes = {}, sharded = {}, group = group }
+  for _, bname in ipairs(layers._children) do
+    local block = layers[bname]
+    local prefix = "layers." .. bname .. "."
+    for dim, paths in ipairs({ plan.colwise, plan.rowwise }) do
+      for _, path in ipairs(paths) do
+        local m = resolve(block, path)
+        local name = prefix .. path .. ".weight"
+        local gshape, off = split(m, name, dim, tp, rank)
+        out.boxes[name] = { gshape, off }
+        out.sharded[rawget(m, "weight")] = true
+      end
+    end
+    for _, path in ipairs(plan.regions) do
+      local m = resolve(block, path)
+      local forward = m.forward
+      rawset(m, "forward", function(self, x, ...)
+        return ReduceOut(forward(self, CopyIn(x, group), ...), group)
+      end)
+    end
+  end
+  function out.shard_of(name)
+    local b = out.boxes[name]
+    if b then return b[1], b[2] end
+    return nil
+  end
+  return out
+end
+
+return M

@@ -1,0 +1,76 @@
+-- Tensor parallelism (lua/parallel/tp.lua) in one process through the fake
+-- backend: at world 2 each rank keeps its rows (colwise) and columns
+-- (rowwise) of the full initialization, with the checkpoint boxes to say
+-- where; at world 1 the wrapped model gives the plain gradients bit for
+-- bit; sizes that do not split are one line. Across real processes
+-- (losses, checkpoints): mpi_spec.
+local titan = require("titan")
+local dist = require("titan.dist")
+local tp = require("parallel.tp")
+local llama = require("models.llama3")
+
+local function flat(t) return t:tolist_flat() end
+
+local ARGS = { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, multiple_of = 32, vocab_size = 96, max_seq_len = 64 }
+
+local function params(model)
+  local out = {}
+  for _, np in ipairs(model:named_parameters()) do out[np[1]] = np[2] end
+  return out
+end
+
+describe("tensor parallelism (fake backend)", function()
+  it("keeps each rank's rows of wq/wk/wv/w1/w3 and columns of wo/w2; the rest whole", function()
+    local whole = params(llama.build(ARGS, { device = "cpu", seed = 2 }))
+    local model = llama.build(ARGS, { device = "cpu", seed = 2 })
+    local plan = tp.apply(model, dist.new_group({ backend = "fake", rank = 1, world = 2 }), llama.tp_plan)
+    local mine = params(model)
+    local want = { -- local shape, global offset (rank 1 of 2)
+      ["attention.wq.weight"] = { { 32, 64 }, { 32, 0 } }, ["attention.wk.weight"] = { { 16, 64 }, { 16, 0 } },
+      ["attention.wv.weight"] = { { 16, 64 }, { 16, 0 } }, ["attention.wo.weight"] = { { 64, 32 }, { 0, 32 } },
+      ["feed_forward.w1.weight"] = { { 96, 64 }, { 96, 0 } }, ["feed_forward.w3.weight"] = { { 96, 64 }, { 96, 0 } },
+      ["feed_forward.w2.weight"] = { { 64, 96 }, { 0, 96 } },
+    }
+    local n = 0
+    for name, p in pairs(mine) do
+      local w = want[name:gsub("^layers%.%d+%.", "")]
+      if w then
+        n = n + 1
+        assert.are.same(w[1], p:shape(), name)
+        assert.are.same({ whole[name]:shape(), w[2] }, { plan.shard_of(name) })
+        local dim = w[2][1] > 0 and 1 or 2
+        assert.are.same(flat(whole[name]:narrow(dim, w[2][dim] + 1, w[1][dim])), flat(p), name)
+        assert.is_true(plan.sharded[p])
+      else
+        assert.are.same(flat(whole[name]), flat(p), name) -- replicated: the same on every rank
+        assert.is_nil(plan.shard_of(name))
+      end
+    end
+    assert.are.equal(2 * 7, n)
+  end)
+
+  it("at world 1 gives the plain model's gradients bit for bit", function()
+    local function grads(wrap)
+      local model = llama.build(ARGS, { device = "cpu", seed = 2 })
+      if wrap then tp.apply(model, dist.new_group({ backend = "fake", rank = 0, world = 1 }), llama.tp_plan) end
+      local ids = titan.tensor({ { 1, 5, 9, 13, 17, 21, 25, 29 }, { 2, 4, 8, 16, 32, 64, 3, 6 } }, { dtype = "int64" })
+      titan.scope(function()
+        titan.F.cross_entropy(model(ids):reshape(-1, 96), ids:reshape(-1)):backward()
+      end)
+      local out = {}
+      for name, p in pairs(params(model)) do out[name] = flat(p.grad) end
+      ids:free(); model:free()
+      return out
+    end
+    assert.are.same(grads(false), grads(true))
+  end)
+
+  it("sizes that do not split are one line", function()
+    local model = llama.build(ARGS, { device = "meta" })
+    local ok, e = pcall(tp.check, model, llama.tp_plan, 4)
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("tp: n_kv_heads = 2 is not a multiple of parallelism.tp = 4", 1, true), e)
+    ok, e = pcall(tp.check, model, nil, 2)
+    assert.truthy(tostring(e):find("has no tp_plan", 1, true), e)
+  end)
+end)
