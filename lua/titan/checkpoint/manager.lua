@@ -74,6 +74,15 @@ function M.new(cfg, opts)
   if type(c.keep_latest_k) ~= "number" or c.keep_latest_k < 0 or c.keep_latest_k % 1 ~= 0 then
     fail("checkpoint.keep_latest_k must be 0 (keep all) or a positive integer, got %s", tostring(c.keep_latest_k))
   end
+  -- (checkpoints off load nothing: a path or step asked for would be ignored)
+  if not c.enable and c.initial_load_path ~= "" then
+    fail("checkpoint.initial_load_path = %s, but checkpoint.enable is false, so nothing would be loaded; expected "
+      .. "--checkpoint.enable=true", c.initial_load_path)
+  end
+  if not c.enable and c.load_step ~= -1 then
+    fail("checkpoint.load_step = %s, but checkpoint.enable is false, so nothing would be loaded; expected "
+      .. "--checkpoint.enable=true", tostring(c.load_step))
+  end
   local exclude = {}
   for name in tostring(c.exclude_from_loading):gmatch("[^,%s]+") do
     if not EXCLUDABLE[name] then
