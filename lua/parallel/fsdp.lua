@@ -318,6 +318,15 @@ function FSDP:state_model()
   }
 end
 
+-- The shards of the parameters in `set` (a set of full tensors), as a set.
+function FSDP:shards_of(set)
+  local out = {}
+  for _, e in ipairs(self.order) do
+    if e.shard and set[e.full] then out[e.shard] = true end
+  end
+  return out
+end
+
 -- x summed over the shard ranks (the gradient norm's squares).
 function FSDP:sum_over_shards(x) return self.group:sum_numbers({ x })[1] end
 

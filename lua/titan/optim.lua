@@ -220,7 +220,8 @@ end
 -- opts.sum_squares(x): the sum over the ranks of each one's sum of squares,
 -- when each holds a share of the gradients (FSDP); every rank must call it.
 -- opts.sharded: the set of parameters held in shares (TP); the others are
--- whole on every rank and counted once.
+-- whole on every rank and counted once. opts.sum_total(x): then the sum of
+-- the total over other ranks (FSDP's shards of TP's slices: 2D).
 function M.clip_grad_norm(params, max_norm, opts)
   opts = opts or {}
   local grads, split, whole = {}, {}, {}
@@ -236,7 +237,8 @@ function M.clip_grad_norm(params, max_norm, opts)
   end
   local norm
   if opts.sum_squares then
-    norm = math.sqrt(opts.sum_squares(sq(split)) + sq(whole))
+    local total = opts.sum_squares(sq(split)) + sq(whole)
+    norm = math.sqrt(opts.sum_total and opts.sum_total(total) or total)
   else
     norm = #grads > 0 and ops.global_norm(grads) or 0
   end

@@ -104,8 +104,8 @@ end
 -- The parallelism degrees against the ranks this job has (TorchTitan's
 -- keys and their -1 = "the ranks left"). Data parallelism runs today:
 -- replicated (DDP), sharded (FSDP) and both (HSDP), and tensor parallelism
--- alone or with DDP; a degree that asks for another is refused, never
--- ignored: the job would train something else than asked. Returns
+-- alone or with any of them; a degree that asks for another is refused,
+-- never ignored: the job would train something else than asked. Returns
 -- dp_replicate, dp_shard, tp.
 local function resolve_parallelism(p, world)
   if p.pp ~= 1 then
@@ -138,12 +138,22 @@ local function resolve_parallelism(p, world)
       .. "product to be the number of ranks (titan --nproc N)"):format(tp > 1 and " x tp" or "",
       tostring(p.dp_replicate), tostring(p.dp_shard), tps, world * tp), 0)
   end
-  if tp > 1 and shard > 1 then
-    error(("trainer: parallelism.dp_shard = %s (%d ranks) with parallelism.tp = %d, but FSDP with tensor parallelism "
-      .. "(2D) is not built yet; expected --parallelism.dp_shard=1 (DDP across the tp groups: "
-      .. "--parallelism.dp_replicate=%d)"):format(tostring(p.dp_shard), shard, tp, world), 0)
-  end
   return rep, shard, tp
+end
+
+-- The checkpoint box of each local tensor (checkpoint shard_of) under FSDP,
+-- TP or both: FSDP's rows are rows of the TP slice, so their offsets add.
+function M.compose_boxes(fsdp, tpp)
+  if not (fsdp and tpp) then return (fsdp or tpp) and (fsdp or tpp).shard_of end
+  return function(name)
+    local lshape, loff = fsdp.shard_of(name)
+    local gshape, goff = tpp.shard_of(name)
+    if not lshape then return gshape, goff end
+    if not gshape then return lshape, loff end
+    local off = {}
+    for d = 1, #gshape do off[d] = goff[d] + loff[d] end
+    return gshape, off
+  end
 end
 
 -- opts.print: where log lines go (default stdout).
@@ -225,27 +235,31 @@ function M.new(cfg, opts)
   -- the attention and feed-forward inside them, in either order.
   self.ac_blocks, self.n_blocks = require("parallel.ac").apply(model, cfg.activation_checkpoint)
   self.model, self.family = model, family
-  if self.dp_shard <= 1 then
+  if self.dp_shard <= 1 or self.tp > 1 then
     model:to_empty(t.device)
     family.init_weights(model, t.seed)
     -- (the whole model is initialized, then each rank keeps its slices)
     if self.tp > 1 then self.tp_plan = require("parallel.tp").apply(model, self.tp_group, family.tp_plan) end
   else
-    -- The shard groups are runs of dp_shard consecutive ranks (the innermost
-    -- mesh dim, as TorchTitan's [dp_replicate, dp_shard]); under HSDP the
-    -- ranks holding the same shards form the replicate groups.
-    local shard, rep = self.dp, nil
-    if self.dp_replicate > 1 then
-      shard = self.dp:split(math.floor(self.rank / self.dp_shard), self.rank)
-      rep = self.dp:split(self.rank % self.dp_shard, self.rank)
-    end
     -- (each block is materialized and initialized on its own, then sharded:
     -- a rank never holds the whole model, not even at the start)
     model:to_empty(t.device, { params_storage = false })
+  end
+  if self.dp_shard > 1 then
+    -- The shard groups are runs of dp_shard consecutive data-parallel ranks
+    -- (the mesh is [dp_replicate, dp_shard, tp], as TorchTitan's); under HSDP
+    -- the ranks holding the same shards form the replicate groups. Under TP
+    -- (2D) FSDP shards each rank's slices over its data-parallel peers.
+    local shard, rep = self.dp, nil
+    if self.dp_replicate > 1 then
+      shard = self.dp:split(math.floor(self.dp_rank / self.dp_shard), self.dp_rank)
+      rep = self.dp:split(self.dp_rank % self.dp_shard, self.dp_rank)
+    end
     self.fsdp = require("parallel.fsdp").apply(model, shard, { replicate = rep,
       reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward,
       init = function(names) family.init_weights(model, t.seed, names) end })
   end
+  self.shard_of = M.compose_boxes(self.fsdp, self.tp_plan)
   self.flops_per_token, self.nparams = flops, nparams
 
   -- Tokenizer and data.
@@ -303,9 +317,8 @@ function M.new(cfg, opts)
   -- Checkpoints: resume from the latest complete one (or load_step), unless
   -- this run only creates the seed checkpoint.
   local wg = self.world_group
-  local layout = self.fsdp or self.tp_plan
   self.checkpoint = ckpt.Manager(cfg.checkpoint, { dump_folder = cfg.job.dump_folder, rank = self.rank,
-    world = self.world, log = function(line) self.print(line) end, shard_of = layout and layout.shard_of,
+    world = self.world, log = function(line) self.print(line) end, shard_of = self.shard_of,
     data_rank = self.dp_rank,
     gather = wg and function(v) return wg:gather_object(v) end, barrier = wg and function() wg:barrier() end })
   self.checkpoint:prepare()
@@ -467,10 +480,12 @@ function Trainer:update(params)
   -- weights' squares are summed over the tp ranks, the whole ones counted once.)
   local fsdp, tpp = self.fsdp, self.tp_plan
   local opts
-  if fsdp then
+  if tpp then
+    opts = { sharded = fsdp and fsdp:shards_of(tpp.sharded) or tpp.sharded,
+      sum_squares = function(sq) return tpp.group:sum_numbers({ sq })[1] end,
+      sum_total = fsdp and function(sq) return fsdp:sum_over_shards(sq) end }
+  elseif fsdp then
     opts = { sum_squares = function(sq) return fsdp:sum_over_shards(sq) end }
-  elseif tpp then
-    opts = { sharded = tpp.sharded, sum_squares = function(sq) return tpp.group:sum_numbers({ sq })[1] end }
   end
   local grad_norm = optim.clip_grad_norm(params, self.cfg.training.max_norm, opts)
   self.optimizer:step()
