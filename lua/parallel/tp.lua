@@ -55,10 +55,22 @@ local function resolve(block, path)
   return m
 end
 
+-- Memory and initial values for parameter w (named name) when it has no
+-- memory yet: init({[name] = true}) fills it.
+local function materialize(w, name, init)
+  if w:has_storage() then return end
+  if not init then
+    error(("tp: %s has no memory; expected materialized parameters, or opts.init to initialize them"):format(name), 0)
+  end
+  w:alloc_storage()
+  init({ [name] = true })
+end
+
 -- Replaces linear m's weight by this rank's slice along dim (1: rows, 2:
 -- columns); returns the global shape and the slice's offset.
-local function split(m, name, dim, tp, rank)
+local function split(m, name, dim, tp, rank, init)
   local w = rawget(m, "weight")
+  materialize(w, name, init)
   local shape = w:shape()
   if shape[dim] % tp ~= 0 then
     error(("tp: %s has %d %s, not a multiple of tp = %d"):format(name, shape[dim], dim == 1 and "rows" or "columns",
@@ -87,10 +99,14 @@ function M.check(model, plan, tp)
   if not rawget(model, "layers") then error("tp: the model has no `layers` (its blocks) to split", 0) end
 end
 
--- model: materialized and initialized (the same on every rank). group: the
--- tp ranks. plan: { regions = {...}, colwise = {...}, rowwise = {...},
--- check = function(args, tp) -> error text or nil }.
-function M.apply(model, group, plan)
+-- model: materialized and initialized (the same on every rank), or with
+-- parameters without memory (model:to_empty(device, {params_storage =
+-- false})) and opts.init(names) to initialize a set of them the same on
+-- every rank: then each is whole only while its slice is taken, one at a
+-- time. group: the tp ranks. plan: { regions = {...}, colwise = {...},
+-- rowwise = {...}, check = function(args, tp) -> error text or nil }.
+function M.apply(model, group, plan, opts)
+  local init = opts and opts.init
   local tp, rank = group:size(), group:rank()
   M.check(model, plan, tp)
   local layers = rawget(model, "layers")
@@ -102,7 +118,7 @@ function M.apply(model, group, plan)
       for _, path in ipairs(paths) do
         local m = resolve(block, path)
         local name = prefix .. path .. ".weight"
-        local gshape, off = split(m, name, dim, tp, rank)
+        local gshape, off = split(m, name, dim, tp, rank, init)
         out.boxes[name] = { gshape, off }
         out.sharded[rawget(m, "weight")] = true
       end
@@ -115,6 +131,7 @@ function M.apply(model, group, plan)
       end)
     end
   end
+  for _, np in ipairs(model:named_parameters()) do materialize(np[2], np[1], init) end -- the whole ones
   function out.shard_of(name)
     local b = out.boxes[name]
     if b then return b[1], b[2] end

@@ -235,11 +235,14 @@ function M.new(cfg, opts)
   -- the attention and feed-forward inside them, in either order.
   self.ac_blocks, self.n_blocks = require("parallel.ac").apply(model, cfg.activation_checkpoint)
   self.model, self.family = model, family
-  if self.dp_shard <= 1 or self.tp > 1 then
+  local init = function(names) family.init_weights(model, t.seed, names) end
+  if self.tp > 1 then
+    -- (each weight is whole only while this rank takes its slice, one at a time)
+    model:to_empty(t.device, { params_storage = false })
+    self.tp_plan = require("parallel.tp").apply(model, self.tp_group, family.tp_plan, { init = init })
+  elseif self.dp_shard <= 1 then
     model:to_empty(t.device)
     family.init_weights(model, t.seed)
-    -- (the whole model is initialized, then each rank keeps its slices)
-    if self.tp > 1 then self.tp_plan = require("parallel.tp").apply(model, self.tp_group, family.tp_plan) end
   else
     -- (each block is materialized and initialized on its own, then sharded:
     -- a rank never holds the whole model, not even at the start)
@@ -256,8 +259,7 @@ function M.new(cfg, opts)
       rep = self.dp:split(self.dp_rank % self.dp_shard, self.dp_rank)
     end
     self.fsdp = require("parallel.fsdp").apply(model, shard, { replicate = rep,
-      reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward,
-      init = function(names) family.init_weights(model, t.seed, names) end })
+      reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward, init = init })
   end
   self.shard_of = M.compose_boxes(self.fsdp, self.tp_plan)
   self.flops_per_token, self.nparams = flops, nparams

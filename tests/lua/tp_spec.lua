@@ -49,6 +49,24 @@ describe("tensor parallelism (fake backend)", function()
     assert.are.equal(2 * 7, n)
   end)
 
+  it("initializes a model without memory one weight at a time, to the same slices", function()
+    local ref = llama.build(ARGS, { device = "cpu", seed = 2 })
+    local bytes = ref:num_parameters() * 4
+    tp.apply(ref, dist.new_group({ backend = "fake", rank = 1, world = 2 }), llama.tp_plan)
+    local model = llama.build(ARGS, { device = "meta" })
+    model:to_empty("cpu", { params_storage = false })
+    titan.reset_peak_memory("cpu")
+    local base = titan.memory_stats("cpu").allocated
+    tp.apply(model, dist.new_group({ backend = "fake", rank = 1, world = 2 }), llama.tp_plan,
+      { init = function(names) llama.init_weights(model, 2, names) end })
+    local peak = titan.memory_stats("cpu").peak_allocated - base
+    -- (what a rank keeps: the whole embeddings, output and norms, half of each block; one whole weight on top)
+    assert.truthy(peak < 0.75 * bytes, ("peak %d bytes for a %d-byte model"):format(peak, bytes))
+    local want = params(ref)
+    for name, p in pairs(params(model)) do assert.are.same(flat(want[name]), flat(p), name) end
+    ref:free(); model:free()
+  end)
+
   it("at world 1 gives the plain model's gradients bit for bit", function()
     local function grads(wrap)
       local model = llama.build(ARGS, { device = "cpu", seed = 2 })
