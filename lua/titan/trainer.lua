@@ -362,7 +362,8 @@ function Trainer:banner()
       :format(self.dp_replicate) or ""
     self.print(("data parallel: %d ranks, FSDP over %d shards%s: each rank keeps %s of the parameters (and that "
       .. "share of gradients and optimizer state), a block's full parameters only while it runs (reshard after "
-      .. "forward: %s), %d threads each; tps and MFU are per rank"):format(self.world, self.dp_shard, rep, ("%.1f MiB"):format(self.fsdp:sharded_bytes() / 2 ^ 20),
+      .. "forward: %s), %d threads each; tps and MFU are per rank"):format(self.dp_size, self.dp_shard, rep,
+      ("%.1f MiB"):format(self.fsdp:sharded_bytes() / 2 ^ 20),
       self.cfg.parallelism.fsdp_reshard_after_forward, titan.num_threads()))
   elseif self.dp then
     self.print(("data parallel: %d ranks (DDP over MPI: gradients summed in ~25 MB buckets each step), %d threads "

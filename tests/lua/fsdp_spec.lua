@@ -51,7 +51,8 @@ describe("tensor storage free / alloc", function()
   end)
 end)
 
-local ARGS = { dim = 64, n_layers = 3, n_heads = 4, n_kv_heads = 2, multiple_of = 32, vocab_size = 96, max_seq_len = 64 }
+local ARGS = { dim = 64, n_layers = 3, n_heads = 4, n_kv_heads = 2, multiple_of = 32, vocab_size = 96,
+  max_seq_len = 64 }
 
 local function ids_batch()
   local rows, r = {}, 5

@@ -169,7 +169,8 @@ describe("FSDP over MPI", function()
     assert.truthy(out:find("data parallel: 2 ranks, FSDP over 2 shards: each rank keeps", 1, true), out)
     out = run_ok(train_cmd(3, three, with(val, { steps, "--training.local_batch_size=4" })))
     assert.truthy(out:find("validate: step     3  loss: +[%d.]+  %(768 tokens%)"), out)
-    out = run_ok(train_cmd(4, hsdp, with(val, { steps, "--training.local_batch_size=3", "--parallelism.dp_replicate=2" })))
+    out = run_ok(train_cmd(4, hsdp, with(val, { steps, "--training.local_batch_size=3",
+      "--parallelism.dp_replicate=2" })))
     assert.truthy(out:find("FSDP over 2 shards x 2 replicas (HSDP", 1, true), out)
     local a = losses(one)
     for name, dump in pairs({ two = two, three = three, hsdp = hsdp }) do
@@ -247,7 +248,9 @@ describe("tensor parallelism over MPI", function()
     run_ok(train_cmd(1, one, { "--training.steps=3", "--training.local_batch_size=4" }))
     -- (dp_shard = -1: the 2 data-parallel ranks shard each rank's tp slices)
     local out = run_ok(train_cmd(4, twod, with(ck, { "--training.local_batch_size=2", "--parallelism.tp=2" })))
-    assert.truthy(out:find("FSDP over 2 shards", 1, true) and out:find("tensor parallel: 2 ranks", 1, true), out)
+    -- (the data-parallel ranks are the 2 tp groups)
+    assert.truthy(out:find("data parallel: 2 ranks, FSDP over 2 shards", 1, true), out)
+    assert.truthy(out:find("tensor parallel: 2 ranks", 1, true), out)
     local a, b = losses(one), losses(twod)
     for s = 1, 3 do close(a[s], b[s], s, "2D") end
     -- the same weights read back through the composed boxes: step 3 again, bit for bit

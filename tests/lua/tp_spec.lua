@@ -11,7 +11,8 @@ local llama = require("models.llama3")
 
 local function flat(t) return t:tolist_flat() end
 
-local ARGS = { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, multiple_of = 32, vocab_size = 96, max_seq_len = 64 }
+local ARGS = { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, multiple_of = 32, vocab_size = 96,
+  max_seq_len = 64 }
 
 local function params(model)
   local out = {}
