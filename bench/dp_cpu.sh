@@ -9,7 +9,10 @@
 # gathering the parameters costs; and each Titan rank's memory after the
 # last step (weights + optimizer state + data) and at its peak. A last
 # Titan row splits the model instead (tensor parallelism, tp 2: both ranks
-# train the whole global batch on half of every block).
+# train the whole global batch on half of every block), and the last three
+# split its blocks into pipeline stages (pp 2 under 1F1B, GPipe and
+# Interleaved1F1B: micro-batches of one row; PyTorch has no CPU pipeline
+# over processes to compare with, so one Titan process is the reference).
 #
 #   bench/dp_cpu.sh [STEPS] [CONFIG] [GLOBAL_BATCH] [SEQ]   (defaults: 8 debugmodel 4 512)
 #
@@ -21,13 +24,15 @@ STEPS="${1:-8}" CFG="${2:-debugmodel}" GB="${3:-4}" SEQ="${4:-512}"
 source bench/cpu_env.sh
 CORES="$OMP_NUM_THREADS"
 
-titan_run() { # nproc [fsdp|tp]
+titan_run() { # nproc [fsdp|tp|pp SCHEDULE]
   local n="$1" mode="${2:-ddp}" dump extra=() layout=(--parallelism.dp_replicate="$1" --parallelism.dp_shard=1)
   local batch=$((GB / n))
   [ "$mode" = fsdp ] && layout=(--parallelism.dp_replicate=1 --parallelism.dp_shard="$n")
   # (the tp ranks read the same data: each has the whole batch, and the per-rank
   # tps counts a token once over the ranks, so x ranks is still the global rate)
   [ "$mode" = tp ] && layout=(--parallelism.tp="$n" --parallelism.dp_shard=1) && batch="$GB"
+  [ "$mode" = pp ] && layout=(--parallelism.pp="$n" --parallelism.dp_shard=1
+    --parallelism.pipeline_parallel_schedule="$3") && batch="$GB"
   dump="$(mktemp -d)"
   [ "$n" -gt 1 ] && extra=(--nproc "$n")
   [ "$CFG" = debugmodel ] || { echo "dp_cpu.sh: Titan's side runs the debugmodel recipe only" >&2; exit 1; }
@@ -60,6 +65,9 @@ t1="$(titan_run 1)"; echo "$t1"
 t2="$(titan_run 2)"; echo "$t2"
 tf="$(titan_run 2 fsdp)"; echo "$tf (fsdp)"
 tt="$(titan_run 2 tp)"; echo "$tt (tp)"
+pp1="$(titan_run 2 pp 1F1B)"; echo "$pp1 (pp 1F1B)"
+ppg="$(titan_run 2 pp GPipe)"; echo "$ppg (pp GPipe)"
+ppi="$(titan_run 2 pp Interleaved1F1B)"; echo "$ppi (pp Interleaved1F1B)"
 p1="$(torch_run 1)"; echo "$p1"
 p2="$(torch_run 2)"; echo "$p2"
 get() { sed -n "s/.*$2=\([0-9.]*\).*/\1/p" <<<"$1"; }
@@ -74,3 +82,10 @@ echo "(median step after the first; best: titan $(get "$t1" tps_best) / $(get "$
 echo "titan memory per rank after the last step (peak): one process $(get "$t1" mem_mib) MiB ($(get "$t1" peak_mib)), DDP $(get "$t2" mem_mib) MiB ($(get "$t2" peak_mib)), FSDP $(get "$tf" mem_mib) MiB ($(get "$tf" peak_mib)), TP $(get "$tt" mem_mib) MiB ($(get "$tt" peak_mib))"
 awk -v t1="$(get "$t1" tps_median)" -v tt="$(get "$tt" tps_median)" 'BEGIN {
   printf "titan TP 2x'"$((CORES / 2))"': %.0f tok/s, %.2fx one process\n", tt, tt / t1 }'
+for row in "1F1B:$pp1" "GPipe:$ppg" "Interleaved1F1B:$ppi"; do
+  name="${row%%:*}" r="${row#*:}"
+  awk -v n="$name" -v t1="$(get "$t1" tps_median)" -v tp="$(get "$r" tps_median)" -v m="$(get "$r" mem_mib)" \
+    -v pk="$(get "$r" peak_mib)" 'BEGIN {
+    printf "titan PP 2x'"$((CORES / 2))"' %s: %.0f tok/s, %.2fx one process; memory per rank %.1f MiB (peak %.1f)\n",
+      n, tp, tp / t1, m, pk }'
+done

@@ -647,9 +647,22 @@ tt_status tt_dist_reduce_scatter(tt_group *g, const tt_tensor *in, tt_tensor *ou
 tt_status tt_dist_all_gather(tt_group *g, const tt_tensor *in, tt_tensor *out);
 tt_status tt_dist_broadcast(tt_group *g, tt_tensor *t, int root);
 tt_status tt_dist_all_to_all(tt_group *g, const tt_tensor *in, tt_tensor *out);
-tt_status tt_dist_send(tt_group *g, const tt_tensor *t, int peer);
-tt_status tt_dist_recv(tt_group *g, tt_tensor *t, int peer);
+/* Point to point. tag (0 <= tag < 2^20) tells apart messages between the same
+ * two ranks that a receiver may take in another order than they were sent
+ * (mpi; nccl matches in order and ignores it). */
+tt_status tt_dist_send(tt_group *g, const tt_tensor *t, int peer, int tag);
+tt_status tt_dist_recv(tt_group *g, tt_tensor *t, int peer, int tag);
 tt_status tt_dist_barrier(tt_group *g);
+/* A send that returns at once, for pipeline schedules: two neighbouring
+ * stages may both be sending (an activation one way, a gradient the other)
+ * and blocking sends would wait on each other. The work keeps a reference
+ * to t; t's values must not change until tt_work_wait, which waits for the
+ * send to complete and frees the work (also when it fails). Backends
+ * without a nonblocking send (nccl: already ordered on its stream) send at
+ * once and their wait returns. */
+typedef struct tt_work tt_work;
+tt_status tt_dist_isend(tt_group *g, const tt_tensor *t, int peer, int tag, tt_work **out);
+tt_status tt_work_wait(tt_work *w);
 /* On the way out of a process: finalizes MPI if a group started it and
  * the run succeeded (a failed rank exits without it, so the launcher stops
  * the job rather than wait for it). A no-op otherwise. */

@@ -144,26 +144,62 @@ tt_status tt_dist_all_to_all(tt_group *g, const tt_tensor *in, tt_tensor *out) {
   return g->be->all_to_all(g, in, out);
 }
 
-static tt_status tt_chk_peer(const char *op, const tt_group *g, int peer) {
+#define TT_TAG_LIMIT (1 << 20)
+
+static tt_status tt_chk_peer(const char *op, const tt_group *g, int peer, int tag) {
   if (peer < 0 || peer >= g->size || peer == g->rank)
     return tt_error_set(TT_ERR_INVALID, "%s: peer %d is not another rank of [0, %d) (this is rank %d)", op, peer,
                         g->size, g->rank);
+  if (tag < 0 || tag >= TT_TAG_LIMIT)
+    return tt_error_set(TT_ERR_INVALID, "%s: tag %d is not in [0, %d)", op, tag, TT_TAG_LIMIT);
   return TT_OK;
 }
 
-tt_status tt_dist_send(tt_group *g, const tt_tensor *t, int peer) {
-  TT_TRY(tt_chk_peer("send", g, peer));
+tt_status tt_dist_send(tt_group *g, const tt_tensor *t, int peer, int tag) {
+  TT_TRY(tt_chk_peer("send", g, peer, tag));
   TT_TRY(tt_chk_coll("send", g, t));
-  return g->be->send(g, t, peer);
+  return g->be->send(g, t, peer, tag);
 }
 
-tt_status tt_dist_recv(tt_group *g, tt_tensor *t, int peer) {
-  TT_TRY(tt_chk_peer("recv", g, peer));
+tt_status tt_dist_recv(tt_group *g, tt_tensor *t, int peer, int tag) {
+  TT_TRY(tt_chk_peer("recv", g, peer, tag));
   TT_TRY(tt_chk_coll("recv", g, t));
-  return g->be->recv(g, t, peer);
+  return g->be->recv(g, t, peer, tag);
 }
 
 tt_status tt_dist_barrier(tt_group *g) { return g->be->barrier(g); }
+
+struct tt_work {
+  tt_group *g;
+  tt_tensor *t; /* kept alive until the send completes */
+  void *req;    /* the backend's; NULL when the send already completed */
+};
+
+tt_status tt_dist_isend(tt_group *g, const tt_tensor *t, int peer, int tag, tt_work **out) {
+  *out = NULL;
+  TT_TRY(tt_chk_peer("isend", g, peer, tag));
+  TT_TRY(tt_chk_coll("isend", g, t));
+  tt_work *w = calloc(1, sizeof *w);
+  if (!w) return tt_error_set(TT_ERR_OOM, "isend: out of host memory");
+  w->g = g;
+  tt_status st = g->be->isend ? g->be->isend(g, t, peer, tag, &w->req) : g->be->send(g, t, peer, tag);
+  if (st != TT_OK) {
+    free(w);
+    return st;
+  }
+  tt_tensor_retain((tt_tensor *)t);
+  w->t = (tt_tensor *)t;
+  *out = w;
+  return TT_OK;
+}
+
+tt_status tt_work_wait(tt_work *w) {
+  if (!w) return TT_OK;
+  tt_status st = w->req && w->g->be->wait ? w->g->be->wait(w->g, w->req) : TT_OK;
+  tt_tensor_release(w->t);
+  free(w);
+  return st;
+}
 
 /* ---- the fake backend ---------------------------------------------------------
  * One process standing for rank r of N: every rank is assumed to hold the
@@ -222,12 +258,12 @@ static tt_status fake_all_to_all(tt_group *g, const tt_tensor *in, tt_tensor *ou
   return tt_tensor_copy(out, in);
 }
 
-static tt_status fake_p2p(tt_group *g, const tt_tensor *t, int peer) {
-  (void)t;
+static tt_status fake_p2p(tt_group *g, const tt_tensor *t, int peer, int tag) {
+  (void)t, (void)tag;
   return tt_error_set(TT_ERR_UNSUPPORTED, "send/recv: the fake backend has no peer %d to talk to (rank %d of %d)", peer,
                       g->rank, g->size);
 }
-static tt_status fake_recv(tt_group *g, tt_tensor *t, int peer) { return fake_p2p(g, t, peer); }
+static tt_status fake_recv(tt_group *g, tt_tensor *t, int peer, int tag) { return fake_p2p(g, t, peer, tag); }
 
 static tt_status fake_barrier(tt_group *g) {
   (void)g;

@@ -19,9 +19,12 @@ typedef struct tt_dist_backend {
   tt_status (*all_gather)(tt_group *g, const tt_tensor *in, tt_tensor *out);
   tt_status (*broadcast)(tt_group *g, tt_tensor *t, int root);
   tt_status (*all_to_all)(tt_group *g, const tt_tensor *in, tt_tensor *out);
-  tt_status (*send)(tt_group *g, const tt_tensor *t, int peer);
-  tt_status (*recv)(tt_group *g, tt_tensor *t, int peer);
+  tt_status (*send)(tt_group *g, const tt_tensor *t, int peer, int tag);
+  tt_status (*recv)(tt_group *g, tt_tensor *t, int peer, int tag);
   tt_status (*barrier)(tt_group *g);
+  /* Optional: start a send and return; *req is what wait needs (freed by it). */
+  tt_status (*isend)(tt_group *g, const tt_tensor *t, int peer, int tag, void **req);
+  tt_status (*wait)(tt_group *g, void *req);
 } tt_dist_backend;
 
 struct tt_group {

@@ -225,13 +225,32 @@ static tt_status mpi_all_to_all(tt_group *g, const tt_tensor *in, tt_tensor *out
   return rc == MPI_SUCCESS ? TT_OK : mpi_err("MPI_Alltoall", rc);
 }
 
-/* Point to point: one message per piece, tag = piece index. */
-static tt_status mpi_p2p(tt_group *g, tt_tensor *t, int peer, int sending) {
+/* Point to point: one message per piece, MPI tag = tag x 64 + piece index
+ * (the standard promises tags up to 32767 only: checked once). */
+#define TT_MPI_PIECES 64
+static tt_status mpi_tag_base(const char *op, int64_t n, int tag, int *out) {
+  static int ub = -1;
+  if (ub < 0) {
+    int *v = NULL, flag = 0;
+    ub = MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &v, &flag) == MPI_SUCCESS && flag ? *v : 32767;
+  }
+  if ((n + TT_MPI_PIECE - 1) / TT_MPI_PIECE > TT_MPI_PIECES)
+    return tt_error_set(TT_ERR_INVALID, "mpi: %s of %lld elements: more than %d pieces of 2^30", op, (long long)n,
+                        TT_MPI_PIECES);
+  if ((int64_t)tag * TT_MPI_PIECES + TT_MPI_PIECES - 1 > ub)
+    return tt_error_set(TT_ERR_INVALID, "mpi: %s: tag %d is past this MPI's largest tag (%d / %d)", op, tag, ub,
+                        TT_MPI_PIECES);
+  *out = tag * TT_MPI_PIECES;
+  return TT_OK;
+}
+
+static tt_status mpi_p2p(tt_group *g, tt_tensor *t, int peer, int user_tag, int sending) {
+  int64_t n = tt_tensor_numel(t), esz = (int64_t)tt_dtype_size(t->dtype);
+  int rc = MPI_SUCCESS, tag = 0;
+  TT_TRY(mpi_tag_base(sending ? "send" : "recv", n, user_tag, &tag));
   MPI_Datatype dt = MPI_BYTE;
   TT_TRY(bytes_type(t->dtype, &dt));
   char *p = tt_tensor_data(t);
-  int64_t n = tt_tensor_numel(t), esz = (int64_t)tt_dtype_size(t->dtype);
-  int rc = MPI_SUCCESS, tag = 0;
   for (int64_t i = 0; i < n && rc == MPI_SUCCESS; i += TT_MPI_PIECE, tag++) {
     int c = (int)(n - i < TT_MPI_PIECE ? n - i : TT_MPI_PIECE);
     rc = sending ? MPI_Send(p + i * esz, c, dt, peer, tag, impl(g)->comm)
@@ -241,8 +260,54 @@ static tt_status mpi_p2p(tt_group *g, tt_tensor *t, int peer, int sending) {
   return rc == MPI_SUCCESS ? TT_OK : mpi_err(sending ? "MPI_Send" : "MPI_Recv", rc);
 }
 
-static tt_status mpi_send(tt_group *g, const tt_tensor *t, int peer) { return mpi_p2p(g, (tt_tensor *)t, peer, 1); }
-static tt_status mpi_recv(tt_group *g, tt_tensor *t, int peer) { return mpi_p2p(g, t, peer, 0); }
+static tt_status mpi_send(tt_group *g, const tt_tensor *t, int peer, int tag) {
+  return mpi_p2p(g, (tt_tensor *)t, peer, tag, 1);
+}
+static tt_status mpi_recv(tt_group *g, tt_tensor *t, int peer, int tag) { return mpi_p2p(g, t, peer, tag, 0); }
+
+/* The nonblocking send: the same pieces and tags as mpi_p2p, one request each. */
+typedef struct {
+  int n;
+  MPI_Request reqs[];
+} tt_mpi_sends;
+
+static tt_status mpi_isend(tt_group *g, const tt_tensor *t, int peer, int user_tag, void **req) {
+  *req = NULL;
+  int tag = 0;
+  TT_TRY(mpi_tag_base("isend", tt_tensor_numel(t), user_tag, &tag));
+  MPI_Datatype dt = MPI_BYTE;
+  TT_TRY(bytes_type(t->dtype, &dt));
+  const char *p = tt_tensor_data(t);
+  int64_t n = tt_tensor_numel(t), esz = (int64_t)tt_dtype_size(t->dtype);
+  int pieces = (int)((n + TT_MPI_PIECE - 1) / TT_MPI_PIECE);
+  tt_mpi_sends *s = calloc(1, sizeof *s + (size_t)(pieces > 0 ? pieces : 1) * sizeof(MPI_Request));
+  if (!s) {
+    bytes_type_free(&dt);
+    return tt_error_set(TT_ERR_OOM, "mpi: isend: out of host memory");
+  }
+  int rc = MPI_SUCCESS;
+  for (int64_t i = 0; i < n && rc == MPI_SUCCESS; i += TT_MPI_PIECE, tag++) {
+    int c = (int)(n - i < TT_MPI_PIECE ? n - i : TT_MPI_PIECE);
+    rc = MPI_Isend(p + i * esz, c, dt, peer, tag, impl(g)->comm, &s->reqs[s->n]);
+    if (rc == MPI_SUCCESS) s->n++;
+  }
+  bytes_type_free(&dt); /* (MPI keeps its own reference to a committed type until the sends end) */
+  if (rc != MPI_SUCCESS) {
+    MPI_Waitall(s->n, s->reqs, MPI_STATUSES_IGNORE);
+    free(s);
+    return mpi_err("MPI_Isend", rc);
+  }
+  *req = s;
+  return TT_OK;
+}
+
+static tt_status mpi_wait(tt_group *g, void *req) {
+  (void)g;
+  tt_mpi_sends *s = req;
+  int rc = MPI_Waitall(s->n, s->reqs, MPI_STATUSES_IGNORE);
+  free(s);
+  return rc == MPI_SUCCESS ? TT_OK : mpi_err("MPI_Waitall", rc);
+}
 
 static tt_status mpi_barrier(tt_group *g) {
   MPI_TRY("MPI_Barrier", MPI_Barrier(impl(g)->comm));
@@ -262,6 +327,8 @@ static const tt_dist_backend tt_mpi_backend = {
     .send = mpi_send,
     .recv = mpi_recv,
     .barrier = mpi_barrier,
+    .isend = mpi_isend,
+    .wait = mpi_wait,
 };
 
 const tt_dist_backend *tt_dist_backend_mpi(void) { return &tt_mpi_backend; }

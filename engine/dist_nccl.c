@@ -219,7 +219,9 @@ static tt_status nccl_all_to_all(tt_group *g, const tt_tensor *in, tt_tensor *ou
   return end(g, s);
 }
 
-static tt_status nccl_send(tt_group *g, const tt_tensor *t, int peer) {
+/* (NCCL matches a peer's messages in order: the tag is not needed) */
+static tt_status nccl_send(tt_group *g, const tt_tensor *t, int peer, int tag) {
+  (void)tag;
   ncclDataType_t dt = ncclFloat32;
   cudaStream_t s = NULL;
   TT_TRY(nccl_dtype(t->dtype, &dt, 0));
@@ -228,7 +230,8 @@ static tt_status nccl_send(tt_group *g, const tt_tensor *t, int peer) {
   return end(g, s);
 }
 
-static tt_status nccl_recv(tt_group *g, tt_tensor *t, int peer) {
+static tt_status nccl_recv(tt_group *g, tt_tensor *t, int peer, int tag) {
+  (void)tag;
   ncclDataType_t dt = ncclFloat32;
   cudaStream_t s = NULL;
   TT_TRY(nccl_dtype(t->dtype, &dt, 0));

@@ -123,7 +123,9 @@ end
 
 -- Rotary tables for the model's device, built on first use.
 function Transformer:rope_tables(T)
-  local w = self.tok_embeddings.weight
+  -- (a pipeline stage may hold no embedding: any of its weights tells the device)
+  local w = self.tok_embeddings and self.tok_embeddings.weight
+    or self.layers:named_children()[1][2].attention_norm.weight
   local dev = w:device()
   local dt = w:dtype() == "float64" and "float64" or "float32" -- RoPE runs in f32 at least
   local r = self._rope
@@ -140,13 +142,16 @@ function Transformer:rope_tables(T)
   return r
 end
 
--- ids: int64 [B, T] -> logits [B, T, vocab]
+-- ids: int64 [B, T] -> logits [B, T, vocab]. A pipeline stage
+-- (lua/parallel/pp.lua) holds some of the layers, as TorchTitan's: without
+-- tok_embeddings it takes the previous stage's hidden state [B, T, dim]
+-- (which stays the caller's), and without norm and output it returns its own.
 function Transformer:forward(ids)
-  local h = self.tok_embeddings(ids)
-  local rope = self:rope_tables(ids:size(2))
+  local h = self.tok_embeddings and self.tok_embeddings(ids) or ids
+  local rope = self:rope_tables(h:size(2))
   local f
-  for i = 0, self.args.n_layers - 1 do
-    local layer = self.layers[tostring(i)]
+  for _, nl in ipairs(self.layers:named_children()) do
+    local layer = nl[2]
     local h_prev, f_prev = h, f
     if layer.checkpointed then
       -- Activation checkpointing (lua/parallel/ac.lua) keeps only a block's
@@ -161,8 +166,15 @@ function Transformer:forward(ids)
     end
     -- The tapes hold (shared) what the backward needs: the residual stream's
     -- handles can go now rather than when the caller's scope ends.
-    h_prev:free()
+    if h_prev ~= ids then h_prev:free() end
     if f_prev then f_prev:free() end
+  end
+  if not self.norm then -- a stage before the last: one tensor goes to the next
+    if not f then return h end
+    local out = h + f
+    if h ~= ids then h:free() end
+    f:free()
+    return out
   end
   if f then
     local _
@@ -187,6 +199,19 @@ M.tp_plan = {
     end
     if a.ffn_hidden % tp ~= 0 then
       return ("the feed-forward's %d hidden units are not a multiple of parallelism.tp = %d"):format(a.ffn_hidden, tp)
+    end
+  end,
+}
+
+-- ---- pipeline parallelism: what lua/parallel/pp.lua puts where ---------------
+-- The first stage keeps `first`, the last keeps `last`; the blocks of
+-- `layers` are split between the stages in order.
+M.pp_plan = {
+  layers = "layers", first = { "tok_embeddings" }, last = { "norm", "output" },
+  check = function(a)
+    if a.tie_embeddings then
+      return "the flavor ties the output layer to the embedding (tie_embeddings), which the first and the last "
+        .. "stage would both need; expected an untied flavor (e.g. 8B, debugmodel)"
     end
   end,
 }

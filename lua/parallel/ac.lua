@@ -60,7 +60,9 @@ function M.apply(model, ac)
   local wrapped = 0
   for i, name in ipairs(layers._children) do
     local block = layers[name]
-    if i % plan.every == 0 and not rawget(block, "checkpointed") then
+    -- (the model's block number: a pipeline stage holding blocks 3..5 wraps the same ones as the whole model)
+    local n = tonumber(name) and tonumber(name) + 1 or i
+    if n % plan.every == 0 and not rawget(block, "checkpointed") then
       local forward, policy = block.forward, plan.policy -- the class's method
       rawset(block, "forward", function(self, ...)
         if policy then return autograd.checkpoint_ops(policy, forward, self, ...) end

@@ -90,6 +90,9 @@ M.defaults = {
     fsdp_reshard_after_forward = "default", -- default | always | never (lua/parallel/fsdp.lua)
     tp = 1,
     pp = 1,
+    pipeline_parallel_schedule = "1F1B",        -- GPipe | 1F1B | Interleaved1F1B (lua/parallel/pp.lua)
+    pipeline_parallel_microbatch_size = 1,      -- rows of local_batch_size per pipeline micro-batch
+    pipeline_parallel_layers_per_stage = -1,    -- -1: the schedule's stages per rank (1; Interleaved1F1B: 2)
   },
   debug = {
     deterministic = false,  -- same seed, same bits on a GPU (cuDNN attention: deterministic engines only)
@@ -163,7 +166,12 @@ M.descriptions = {
   ["parallelism.fsdp_reshard_after_forward"] =
     "default (every block but the last frees its gathered parameters after its forward), always or never",
   ["parallelism.tp"] = "tensor-parallel degree: each block's heads and feed-forward split over tp ranks",
-  ["parallelism.pp"] = "pipeline-parallel stages (not built yet: 1)",
+  ["parallelism.pp"] = "pipeline-parallel degree: the blocks split into stages held by pp ranks in turn",
+  ["parallelism.pipeline_parallel_schedule"] = "GPipe, 1F1B or Interleaved1F1B (several stages per rank)",
+  ["parallelism.pipeline_parallel_microbatch_size"] =
+    "rows of training.local_batch_size per pipeline micro-batch (it must divide local_batch_size)",
+  ["parallelism.pipeline_parallel_layers_per_stage"] =
+    "blocks per stage (stages = n_layers / this, a multiple of pp); -1: one stage per rank (Interleaved1F1B: 2)",
   ["debug.deterministic"] = "same seed, same bits on a GPU (deterministic cuDNN engines only)",
 }
 
@@ -395,6 +403,12 @@ function M.validate(cfg)
     local ok, err = pcall(require("parallel.ac").plan, cfg.activation_checkpoint)
     need(ok, tostring(err))
   end
+  local par = cfg.parallelism
+  need(require("parallel.pp").schedules[par.pipeline_parallel_schedule], "parallelism.pipeline_parallel_schedule "
+    .. "must be GPipe, 1F1B or Interleaved1F1B, got '" .. tostring(par.pipeline_parallel_schedule) .. "'")
+  local mbs = par.pipeline_parallel_microbatch_size
+  need(mbs >= 1 and mbs % 1 == 0 and t.local_batch_size % mbs == 0, ("parallelism.pipeline_parallel_microbatch_size "
+    .. "= %s must be a positive divisor of training.local_batch_size = %d"):format(tostring(mbs), t.local_batch_size))
   local raf = cfg.parallelism.fsdp_reshard_after_forward
   need(require("parallel.fsdp").policies[raf], "parallelism.fsdp_reshard_after_forward must be default, always or "
     .. "never, got '" .. tostring(raf) .. "'")

@@ -108,9 +108,29 @@ function Group:all_to_all(t, out)
   return out
 end
 
-function Group:send(t, peer) check(C.tt_dist_send(self._c, tensor.cptr(t), peer), 2) end
-function Group:recv(t, peer) check(C.tt_dist_recv(self._c, tensor.cptr(t), peer), 2); return t end
+-- tag (default 0): tells apart messages between the same two ranks that
+-- the receiver takes in another order than they were sent.
+function Group:send(t, peer, tag) check(C.tt_dist_send(self._c, tensor.cptr(t), peer, tag or 0), 2) end
+function Group:recv(t, peer, tag) check(C.tt_dist_recv(self._c, tensor.cptr(t), peer, tag or 0), 2); return t end
 function Group:barrier() check(C.tt_dist_barrier(self._c), 2) end
+
+-- A send that returns at once (pipeline schedules: neighbours send to each
+-- other at the same time). The work holds its own reference to t: free t's
+-- handle whenever, but leave its values alone until work:wait().
+local Work = {}
+Work.__index = Work
+function Group:isend(t, peer, tag)
+  local out = ffi.new("tt_work*[1]")
+  check(C.tt_dist_isend(self._c, tensor.cptr(t), peer, tag or 0, out), 2)
+  return setmetatable({ _c = ffi.gc(out[0], C.tt_work_wait) }, Work)
+end
+function Work:wait()
+  local c = self._c
+  if c == nil then return end
+  self._c = nil
+  ffi.gc(c, nil)
+  check(C.tt_work_wait(c), 2)
+end
 
 -- Any JSON-able Lua value from every rank, in rank order (two all_gathers:
 -- the lengths, then the bytes padded to the longest). Numbers round-trip

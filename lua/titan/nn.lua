@@ -101,6 +101,26 @@ local function children(self)
   return out
 end
 
+-- Ordered list of {name, module} of the direct children.
+function Module:named_children()
+  local out = {}
+  for _, name in ipairs(children(self)) do out[#out + 1] = { name, self[name] } end
+  return out
+end
+
+-- Drop a child, parameter or buffer (torch's `del module.name`): a pipeline
+-- stage keeps only its own layers of the model. Frees nothing: a meta
+-- model holds no memory, and a caller that drops a real one frees it first.
+function Module:remove(name)
+  for _, list in ipairs({ self._children, self._params, self._buffers }) do
+    for i = #list, 1, -1 do
+      if list[i] == name then table.remove(list, i) end
+    end
+  end
+  rawset(self, name, nil)
+  return self
+end
+
 -- Ordered list of {name, tensor} for every parameter, depth first.
 function Module:named_parameters(prefix, out)
   out = out or {}

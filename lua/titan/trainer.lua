@@ -59,6 +59,7 @@ end
 -- one (on a GPU: one wait per step, not one per micro-batch); the sum is
 -- the same either way.
 function M.run_micro_batches(tr, batches, ctx)
+  if tr.pipe then return M.run_pipeline(tr, batches, ctx) end
   local n = #batches
   local on_device = n > 1
   local losses
@@ -83,6 +84,27 @@ function M.run_micro_batches(tr, batches, ctx)
   return loss_sum
 end
 
+-- Under pipeline parallelism (lua/parallel/pp.lua): each batch is cut into
+-- micro-batches of parallelism.pipeline_parallel_microbatch_size rows that
+-- the schedule runs through the stages; the last stage's loss_fn gives the
+-- losses (the trainer sums them over the pipeline ranks).
+function M.run_pipeline(tr, batches, ctx)
+  local loss_sum = 0
+  local rows = tr.cfg.parallelism.pipeline_parallel_microbatch_size
+  for i, b in ipairs(batches) do
+    local mbs = {}
+    for k = 1, b.inputs:size(1), rows do
+      mbs[#mbs + 1] = { inputs = b.inputs:narrow(1, k, rows), targets = b.targets:narrow(1, k, rows) }
+    end
+    loss_sum = loss_sum + tr.pipe:step(mbs, tr.loss_fn, ctx)
+    for _, mb in ipairs(mbs) do mb.inputs:free(); mb.targets:free() end
+    b.inputs:free()
+    b.targets:free()
+    batches[i] = nil
+  end
+  return loss_sum
+end
+
 -- One optimizer step's worth of forward/backward.
 function M.train_step(tr, step)
   local batches, num_tokens = M.next_batches(tr)
@@ -103,22 +125,30 @@ end
 
 -- The parallelism degrees against the ranks this job has (TorchTitan's
 -- keys and their -1 = "the ranks left"). Data parallelism runs today:
--- replicated (DDP), sharded (FSDP) and both (HSDP), and tensor parallelism
--- alone or with any of them; a degree that asks for another is refused,
--- never ignored: the job would train something else than asked. Returns
--- dp_replicate, dp_shard, tp.
+-- replicated (DDP), sharded (FSDP) and both (HSDP), tensor parallelism
+-- alone or with any of them, and pipeline parallelism alone or with DDP; a
+-- combination not built is refused, never ignored: the job would train
+-- something else than asked. Returns dp_replicate, dp_shard, tp, pp.
 local function resolve_parallelism(p, world)
-  if p.pp ~= 1 then
-    error(("trainer: parallelism.pp = %s, but pipeline parallelism is not built yet (data and tensor parallelism "
-      .. "run); expected parallelism.pp=1"):format(tostring(p.pp)), 0)
+  local pp = p.pp
+  if pp < 1 or pp % 1 ~= 0 then error(("trainer: parallelism.pp = %s; expected a positive degree"):format(pp), 0) end
+  if world % pp ~= 0 then
+    error(("trainer: parallelism.pp = %d, but the job has %d rank(s); expected pp to divide the number of ranks "
+      .. "(titan --nproc N)"):format(pp, world), 0)
   end
+  if pp > 1 and p.tp > 1 then
+    error(("trainer: parallelism.pp = %d with tp = %d: pipeline parallelism composes with data parallelism (DDP) "
+      .. "only so far; expected parallelism.tp=1"):format(pp, p.tp), 0)
+  end
+  local full = world
+  world = world / pp -- the ranks of one stage
   local tp = p.tp
   if tp < 1 or tp % 1 ~= 0 then error(("trainer: parallelism.tp = %s; expected a positive degree"):format(tp), 0) end
   if world % tp ~= 0 then
     error(("trainer: parallelism.tp = %d, but the job has %d rank(s); expected tp to divide the number of ranks "
       .. "(titan --nproc N)"):format(tp, world), 0)
   end
-  local tps = tp > 1 and (" x %d"):format(tp) or ""
+  local tps = (tp > 1 and (" x %d"):format(tp) or "") .. (pp > 1 and (" x %d"):format(pp) or "")
   world = world / tp -- the data-parallel ranks
   local rep, shard = p.dp_replicate, p.dp_shard
   for key, v in pairs({ dp_replicate = rep, dp_shard = shard }) do
@@ -134,11 +164,15 @@ local function resolve_parallelism(p, world)
   if shard == -1 then shard = world / rep end
   -- (a -1 that leaves a fraction of a rank is as wrong as a product that misses)
   if rep * shard ~= world or rep % 1 ~= 0 or shard % 1 ~= 0 or rep < 1 or shard < 1 then
-    error(("trainer: parallelism.dp_replicate x dp_shard%s = %s x %s%s, but the job has %d rank(s); expected their "
+    error(("trainer: parallelism.dp_replicate x dp_shard%s%s = %s x %s%s, but the job has %d rank(s); expected their "
       .. "product to be the number of ranks (titan --nproc N)"):format(tp > 1 and " x tp" or "",
-      tostring(p.dp_replicate), tostring(p.dp_shard), tps, world * tp), 0)
+      pp > 1 and " x pp" or "", tostring(p.dp_replicate), tostring(p.dp_shard), tps, full), 0)
   end
-  return rep, shard, tp
+  if pp > 1 and shard > 1 then
+    error(("trainer: parallelism.pp = %d with dp_shard = %d (FSDP): pipeline parallelism composes with DDP only so "
+      .. "far; expected --parallelism.dp_shard=1 --parallelism.dp_replicate=-1"):format(pp, shard), 0)
+  end
+  return rep, shard, tp, pp
 end
 
 -- The checkpoint box of each local tensor (checkpoint shard_of) under FSDP,
@@ -169,10 +203,15 @@ function M.new(cfg, opts)
       .. "(NCCL across GPUs is not wired into the trainer yet); expected training.device=cpu"):format(self.world,
       t.device), 0)
   end
-  self.dp_replicate, self.dp_shard, self.tp = resolve_parallelism(cfg.parallelism, self.world)
-  -- tp is the innermost mesh dim: the ranks of a tp group are consecutive,
-  -- and read the same data; the data-parallel rank is the tp group's.
-  self.dp_rank, self.dp_size = math.floor(self.rank / self.tp), self.world / self.tp
+  self.dp_replicate, self.dp_shard, self.tp, self.pp = resolve_parallelism(cfg.parallelism, self.world)
+  -- The mesh is [pp, dp_replicate, dp_shard, tp], as TorchTitan's: pp is
+  -- the outermost dim (a stage's ranks are consecutive) and tp the
+  -- innermost (the ranks of a tp group are consecutive, and read the same
+  -- data; the data-parallel rank is the tp group's). Every stage reads the
+  -- same data: the first takes the inputs, the last the targets.
+  local inner = self.world / self.pp
+  self.pp_rank, self.stage_rank = math.floor(self.rank / inner), self.rank % inner
+  self.dp_rank, self.dp_size = math.floor(self.stage_rank / self.tp), inner / self.tp
   -- Log lines come from rank 0 (every rank computes the same ones).
   self.print = opts.print or function(line)
     if self.rank == 0 then io.stdout:write(line, "\n"); io.stdout:flush() end
@@ -194,10 +233,14 @@ function M.new(cfg, opts)
 
   -- Model: built on meta first, so the size check costs nothing.
   local family = require("models." .. cfg.model.name)
-  local model = family.build(cfg.model.flavor, { device = "meta", dtype = t.mixed_precision_param,
-    overrides = { max_seq_len = math.max(t.seq_len, family.args(cfg.model.flavor).max_seq_len) } })
+  local function build_meta()
+    return family.build(cfg.model.flavor, { device = "meta", dtype = t.mixed_precision_param,
+      overrides = { max_seq_len = math.max(t.seq_len, family.args(cfg.model.flavor).max_seq_len) } })
+  end
+  local model = build_meta()
   local flops, nparams = family.flops_per_token(model, t.seq_len)
   if self.tp > 1 then require("parallel.tp").check(model, family.tp_plan, self.tp) end
+  if self.pp > 1 then self:plan_pipeline(family, model) end
   local bytes_per = ({ float32 = 4, float64 = 8, bfloat16 = 2 })[t.mixed_precision_param] or 4
   -- weights + gradients + two f32 AdamW moments (+ f32 master weights under bf16)
   local need = nparams * (2 * bytes_per + 8 + (bytes_per < 4 and 4 or 0))
@@ -208,7 +251,7 @@ function M.new(cfg, opts)
   local total = metrics.device_memory_bytes(t.device)
   local here = t.device == "cpu" and env.local_size or 1
   local limit = total and (t.device == "cpu" and 0.8 * total or total)
-  if limit and need * here / (self.dp_shard * self.tp) > limit then
+  if limit and need * here / (self.dp_shard * self.tp * self.pp) > limit then
     error(("trainer: %s %s has %.2fB parameters and needs ~%.0f GiB for weights, gradients and optimizer state "
       .. "in %s%s, but %s has %.0f GiB; %s"):format(cfg.model.name, cfg.model.flavor, nparams / 1e9, need / 2 ^ 30,
       t.mixed_precision_param, here > 1 and (" on each of the %d ranks on this host"):format(here) or "",
@@ -220,23 +263,40 @@ function M.new(cfg, opts)
   -- The ranks meet (MPI starts) once the layout and the sizes are known to fit.
   -- self.dp: the data-parallel ranks (nil: one); self.tp_group: this rank's
   -- tensor-parallel ranks.
+  -- self.pp_group: this rank's pipeline (one rank of each stage).
   if self.world > 1 then
     self.world_group = dist.world_group()
+    local stage = self.world_group -- the ranks of this rank's pipeline stage
+    if self.pp > 1 then
+      self.pp_group = self.world_group:split(self.stage_rank, self.pp_rank)
+      stage = inner > 1 and self.world_group:split(self.pp_rank, self.stage_rank) or nil
+    end
     if self.tp > 1 then
-      self.tp_group = self.world_group:split(self.dp_rank, self.rank)
-      if self.dp_size > 1 then self.dp = self.world_group:split(self.rank % self.tp, self.rank) end
+      self.tp_group = stage:split(self.dp_rank, self.stage_rank)
+      if self.dp_size > 1 then self.dp = stage:split(self.stage_rank % self.tp, self.stage_rank) end
     else
-      self.dp = self.world_group
+      self.dp = stage
     end
   end
   -- Transforms of the built model (TorchTitan's are TP, float8, AC, FSDP;
   -- of those, TP, AC and FSDP are built). TP splits materialized weights, so
   -- it comes after the initialization here; AC wraps whole blocks and TP
   -- the attention and feed-forward inside them, in either order.
-  self.ac_blocks, self.n_blocks = require("parallel.ac").apply(model, cfg.activation_checkpoint)
-  self.model, self.family = model, family
+  self.family = family
+  if self.pp > 1 then
+    self:build_pipeline(family, model, build_meta)
+  else
+    self.ac_blocks, self.n_blocks = require("parallel.ac").apply(model, cfg.activation_checkpoint)
+    self.model = model
+  end
   local init = function(names) family.init_weights(model, t.seed, names) end
-  if self.tp > 1 then
+  if self.pp > 1 then
+    -- (each stage holds its blocks only; the names, hence the values, are the whole model's)
+    for _, st in ipairs(self.pipe.stages) do
+      st.model:to_empty(t.device)
+      family.init_weights(st.model, t.seed)
+    end
+  elseif self.tp > 1 then
     -- (each weight is whole only while this rank takes its slice, one at a time)
     model:to_empty(t.device, { params_storage = false })
     self.tp_plan = require("parallel.tp").apply(model, self.tp_group, family.tp_plan, { init = init })
@@ -295,7 +355,7 @@ function M.new(cfg, opts)
   local groups = {}
   for _, g in ipairs(cfg.optimizer_groups or {}) do groups[#groups + 1] = g end
   if o.no_decay_pattern ~= "" then groups[#groups + 1] = { pattern = o.no_decay_pattern, weight_decay = 0 } end
-  local named = self.fsdp and self.fsdp:named_parameters() or model:named_parameters()
+  local named = self.fsdp and self.fsdp:named_parameters() or self.model:named_parameters()
   self.optimizer = optim.AdamW(named, { lr = o.lr, betas = { o.beta1, o.beta2 }, eps = o.eps,
     weight_decay = o.weight_decay, groups = groups })
   self.schedule = lr_scheduler.new(cfg.lr_scheduler, t.steps)
@@ -321,7 +381,7 @@ function M.new(cfg, opts)
   local wg = self.world_group
   self.checkpoint = ckpt.Manager(cfg.checkpoint, { dump_folder = cfg.job.dump_folder, rank = self.rank,
     world = self.world, log = function(line) self.print(line) end, shard_of = self.shard_of,
-    data_rank = self.dp_rank,
+    data_rank = self.dp_rank, known_names = self.all_names,
     gather = wg and function(v) return wg:gather_object(v) end, barrier = wg and function() wg:barrier() end })
   self.checkpoint:prepare()
   if not cfg.checkpoint.create_seed_checkpoint then
@@ -333,6 +393,48 @@ function M.new(cfg, opts)
     end
   end
   return self
+end
+
+-- The pipeline's stages and schedule, checked before the ranks meet: a
+-- layout that cannot run is one line.
+function Trainer:plan_pipeline(family, model)
+  local cfg, par = self.cfg, self.cfg.parallelism
+  local pp = require("parallel.pp")
+  local why = family.pp_plan and family.pp_plan.check and family.pp_plan.check(model.args)
+  if not family.pp_plan or why then
+    error(("trainer: parallelism.pp = %d, but %s %s: %s"):format(self.pp, cfg.model.name, cfg.model.flavor,
+      why or "the model family has no pp_plan"), 0)
+  end
+  local layout = pp.layout(model.args.n_layers, { pp = self.pp, schedule = par.pipeline_parallel_schedule,
+    layers_per_stage = par.pipeline_parallel_layers_per_stage })
+  local nmb = cfg.training.local_batch_size / par.pipeline_parallel_microbatch_size
+  if layout.schedule == "Interleaved1F1B" and nmb % self.pp ~= 0 then
+    error(("trainer: the Interleaved1F1B schedule runs micro-batches in groups of pp = %d, but local_batch_size / "
+      .. "pipeline_parallel_microbatch_size = %d / %d = %d micro-batches; expected a multiple of %d"):format(self.pp,
+      cfg.training.local_batch_size, par.pipeline_parallel_microbatch_size, nmb, self.pp), 0)
+  end
+  why = pp.check(layout, pp.actions(layout, nmb), nmb)
+  if why then error(("trainer: the %s schedule with %d micro-batches: %s"):format(layout.schedule, nmb, why), 0) end
+  self.pp_layout, self.n_microbatches = layout, nmb
+end
+
+-- Pipeline parallelism: this rank's stages, each a copy of the model built
+-- on meta and pruned to its blocks (lua/parallel/pp.lua), with activation
+-- checkpointing applied to each; self.model is their union (one module with
+-- the whole model's parameter names), self.pipe runs the schedule.
+function Trainer:build_pipeline(family, model, build_meta)
+  local cfg, pp, layout = self.cfg, require("parallel.pp"), self.pp_layout
+  local stages = pp.split(build_meta, family.pp_plan, layout, self.pp_rank)
+  self.ac_blocks, self.n_blocks = 0, model.args.n_layers
+  for _, st in ipairs(stages) do
+    self.ac_blocks = self.ac_blocks + require("parallel.ac").apply(st.model, cfg.activation_checkpoint)
+  end
+  self.ac_blocks = self.pp_group:sum_numbers({ self.ac_blocks })[1] -- (the banner counts the whole model's)
+  self.pipe = pp.pipeline(stages, self.pp_group, layout, { dim = model.args.dim })
+  self.model = pp.Stages(stages)
+  -- Checkpoints: the names the whole pipeline holds (this rank's are a part).
+  self.all_names = {}
+  for _, np in ipairs(model:named_parameters()) do self.all_names[np[1]] = true end
 end
 
 -- What a checkpoint holds: model, optimizer, data position, step, RNG.
@@ -373,6 +475,17 @@ function Trainer:banner()
     self.print(("tensor parallel: %d ranks per replica split each block's heads and feed-forward units (two "
       .. "all-reduces of the activations per block each way); tps and MFU are per rank"):format(self.tp))
   end
+  if self.pipe then
+    local L, parts = self.pipe.layout, {}
+    for s = 0, L.S - 1 do
+      local r = L.ranges[s]
+      parts[#parts + 1] = r[2] - r[1] > 1 and ("%d-%d"):format(r[1], r[2] - 1) or tostring(r[1])
+    end
+    self.print(("pipeline parallel: %d stages over %d ranks (%s, %d micro-batches of %d rows per batch); blocks "
+      .. "by stage: %s; stage s runs on pipeline rank s mod %d; tps and MFU are per rank"):format(L.S, self.pp,
+      L.schedule, self.n_microbatches, self.cfg.parallelism.pipeline_parallel_microbatch_size,
+      table.concat(parts, " | "), self.pp))
+  end
   if self.ac_blocks > 0 then
     -- (tflops and MFU count the model's FLOPs, not the recomputation's: as TorchTitan's)
     local ac = self.cfg.activation_checkpoint
@@ -387,22 +500,27 @@ function Trainer:validate()
   local v = self.data.val
   if not v then return end
   local total, ntok = 0, 0
+  local function add(logits, targets)
+    local V = logits:size(-1)
+    local loss, n = F.cross_entropy(logits:reshape(-1, V), targets:reshape(-1), { reduction = "sum" })
+    total = total + loss:item()
+    ntok = ntok + n
+  end
   titan.no_grad(function()
     for _ = 1, self.cfg.validation.steps do
       local b = v:next()
       if not b then break end
-      titan.scope(function()
-        local logits = self.model(b.inputs)
-        local V = logits:size(-1)
-        local loss, n = F.cross_entropy(logits:reshape(-1, V), b.targets:reshape(-1), { reduction = "sum" })
-        total = total + loss:item()
-        ntok = ntok + n
-      end)
+      if self.pipe then -- (the last stage adds; the sums go over the pipeline below)
+        self.pipe:forward_only({ b }, add)
+      else
+        titan.scope(function() add(self.model(b.inputs), b.targets) end)
+      end
       b.inputs:free()
       b.targets:free()
     end
   end)
   if v.reset then v:reset() end
+  if self.pp_group then total, ntok = unpack(self.pp_group:sum_numbers({ total, ntok })) end
   -- (each data-parallel rank validated its own share: the loss is over all of them)
   if self.dp then total, ntok = unpack(self.dp:sum_numbers({ total, ntok })) end
   if ntok > 0 then
@@ -483,7 +601,9 @@ function Trainer:update(params)
   -- weights' squares are summed over the tp ranks, the whole ones counted once.)
   local fsdp, tpp = self.fsdp, self.tp_plan
   local opts
-  if tpp then
+  if self.pp_group then -- (each stage's parameters are its own: their squares add over the pipeline)
+    opts = { sum_squares = function(sq) return self.pp_group:sum_numbers({ sq })[1] end }
+  elseif tpp then
     opts = { sharded = fsdp and fsdp:shards_of(tpp.sharded) or tpp.sharded,
       sum_squares = function(sq) return tpp.group:sum_numbers({ sq })[1] end,
       sum_total = fsdp and function(sq) return fsdp:sum_over_shards(sq) end }
@@ -544,6 +664,7 @@ function Trainer:train(until_step)
     local factor = self.schedule.factor(step)
     self.optimizer:set_lr_factor(factor)
     local loss, ntok = self:train_step(step)
+    if self.pp_group then loss = self.pp_group:sum_numbers({ loss })[1] end -- (the last stage's)
     if self.fsdp then
       loss = self.dp:sum_numbers({ loss })[1] -- (the gradients were reduce-scattered in the backward)
     elseif self.dp then

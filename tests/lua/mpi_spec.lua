@@ -57,6 +57,17 @@ local function with(a, b)
   return t
 end
 
+-- One process, global batch 4 x 32, 3 steps, validation at step 3: the
+-- losses the DDP, TP and PP cases compare with (run once).
+local base_dump
+local function baseline()
+  if not base_dump then
+    base_dump = tmpdir()
+    run_ok(train_cmd(1, base_dump, with(VAL, { "--training.steps=3", "--training.local_batch_size=4" })))
+  end
+  return base_dump
+end
+
 describe("mpi backend", function()
   it("every collective across 3 processes", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
@@ -65,7 +76,7 @@ describe("mpi backend", function()
     for r = 0, 2 do assert.truthy(out:find(("rank %d ok all"):format(r), 1, true), out) end
     local n = 0
     for _ in out:gmatch("rank %d ok ") do n = n + 1 end
-    assert.are.equal(3 * 28, n, out)
+    assert.are.equal(3 * 29, n, out)
   end)
 end)
 
@@ -75,8 +86,7 @@ describe("data parallelism over MPI", function()
     local steps = "--training.steps=3"
     -- validation at step 3 over 2 batches: each rank validates its share, the loss is over all
     local val = VAL
-    local one, two, acc = tmpdir(), tmpdir(), tmpdir()
-    run_ok(train_cmd(1, one, with(val, { steps, "--training.local_batch_size=4" })))
+    local one, two, acc = baseline(), tmpdir(), tmpdir()
     local out = run_ok(train_cmd(2, two, with(DDP, with(val, { steps, "--training.local_batch_size=2" }))))
     assert.truthy(out:find("validate: step     3  loss: +[%d.]+  %(256 tokens%)"), out)
     -- (log lines once, from rank 0; the banner says how the ranks split the work)
@@ -223,8 +233,7 @@ describe("tensor parallelism over MPI", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
     local steps = "--training.steps=3"
     local val = VAL
-    local one, tp2, tpdp = tmpdir(), tmpdir(), tmpdir()
-    run_ok(train_cmd(1, one, with(val, { steps, "--training.local_batch_size=4" })))
+    local one, tp2, tpdp = baseline(), tmpdir(), tmpdir()
     -- (the ranks of a tp group read the same data: batch 4 each, 4 per step)
     local out = run_ok(train_cmd(2, tp2, with(val, { steps, "--training.local_batch_size=4", "--parallelism.tp=2",
       "--activation_checkpoint.mode=full" })))
@@ -243,9 +252,8 @@ describe("tensor parallelism over MPI", function()
 
   it("FSDP x TP (2D) on 4 ranks trains the losses of one process; its checkpoint resumes on TP x DDP", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
-    local one, twod, ddp = tmpdir(), tmpdir(), tmpdir()
+    local one, twod, ddp = baseline(), tmpdir(), tmpdir()
     local ck = { "--checkpoint.enable=true", "--checkpoint.interval=2", "--training.steps=3" }
-    run_ok(train_cmd(1, one, { "--training.steps=3", "--training.local_batch_size=4" }))
     -- (dp_shard = -1: the 2 data-parallel ranks shard each rank's tp slices)
     local out = run_ok(train_cmd(4, twod, with(ck, { "--training.local_batch_size=2", "--parallelism.tp=2" })))
     -- (the data-parallel ranks are the 2 tp groups)
@@ -281,6 +289,64 @@ describe("tensor parallelism over MPI", function()
       assert.are.equal(a[s], b[s], "step " .. s) -- bit for bit
       close(a[s], c[s], s, "one process after tp")
     end
+  end)
+end)
+
+describe("pipeline parallelism over MPI", function()
+  it("pp 2 under 1F1B, GPipe (with AC) and Interleaved1F1B, and pp 2 x DDP 2, train the losses of one process",
+    function()
+    if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
+    local steps = "--training.steps=3"
+    local one, f1b, gpipe, inter, ppdp = baseline(), tmpdir(), tmpdir(), tmpdir(), tmpdir()
+    -- (every stage reads the same data: batch 4 each, 4 micro-batches of one row)
+    local out = run_ok(train_cmd(2, f1b, with(VAL, { steps, "--training.local_batch_size=4", "--parallelism.pp=2" })))
+    assert.truthy(out:find("pipeline parallel: 2 stages over 2 ranks (1F1B, 4 micro-batches of 1 rows per batch); "
+      .. "blocks by stage: 0-2 | 3-5", 1, true), out)
+    assert.truthy(out:find("x 1 accumulation = 128 tokens/step", 1, true), out)
+    out = run_ok(train_cmd(2, gpipe, { steps, "--training.local_batch_size=4", "--parallelism.pp=2",
+      "--parallelism.pipeline_parallel_schedule=GPipe", "--parallelism.pipeline_parallel_microbatch_size=2",
+      "--activation_checkpoint.mode=selective" }))
+    -- (blocks 1, 3 and 5 of the whole model, over both stages)
+    assert.truthy(out:find("selective, 3 of 6 blocks recompute", 1, true), out)
+    out = run_ok(train_cmd(2, inter, with(VAL, { steps, "--training.local_batch_size=4", "--parallelism.pp=2",
+      "--parallelism.pipeline_parallel_schedule=Interleaved1F1B" })))
+    assert.truthy(out:find("4 stages over 2 ranks (Interleaved1F1B", 1, true), out)
+    out = run_ok(train_cmd(4, ppdp, { steps, "--training.local_batch_size=2", "--parallelism.pp=2",
+      "--parallelism.dp_replicate=-1", "--parallelism.dp_shard=1" }))
+    assert.truthy(out:find("data parallel: 2 ranks (DDP", 1, true), out)
+    local a = losses(one)
+    for name, dump in pairs({ f1b = f1b, gpipe = gpipe, inter = inter, ppdp = ppdp }) do
+      local b = losses(dump)
+      for s = 1, 3 do close(a[s], b[s], s, name) end
+    end
+    for name, dump in pairs({ f1b = f1b, inter = inter }) do
+      close(losses(one, "validation_loss")[3], losses(dump, "validation_loss")[3], 3, name .. " validation")
+    end
+  end)
+
+  it("a pp checkpoint resumes exactly on the same stages, in one process, and on other stages", function()
+    if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
+    local ck = { "--checkpoint.enable=true", "--checkpoint.interval=2", "--training.local_batch_size=4",
+      "--training.steps=3" }
+    local PP3 = { "--parallelism.pp=3" }
+    local straight, resumed, single, inter = tmpdir(), tmpdir(), tmpdir(), tmpdir()
+    run_ok(train_cmd(3, straight, with(PP3, ck)))
+    -- each stage wrote its own blocks
+    local meta = cjson.decode(assert(io.open(straight .. "/checkpoint/step-2/metadata.json")):read("*a"))
+    for r = 0, 2 do assert.is_true(meta.files[("rank-%d.bin"):format(r)].size > 0, cjson.encode(meta.files)) end
+    for _, dump in ipairs({ resumed, single, inter }) do
+      assert.are.equal(0, select(2, sh.run(("mkdir -p %s/checkpoint && cp -r %s/checkpoint/step-2 %s/checkpoint/")
+        :format(dump, straight, dump))))
+    end
+    local out = run_ok(train_cmd(3, resumed, with(PP3, ck)))
+    assert.truthy(out:find("resumed from step 2", 1, true), out)
+    run_ok(train_cmd(1, single, ck))
+    run_ok(train_cmd(2, inter, with(ck, { "--parallelism.pp=2",
+      "--parallelism.pipeline_parallel_schedule=Interleaved1F1B" })))
+    local a = losses(straight)
+    assert.are.equal(a[3], losses(resumed)[3]) -- bit for bit
+    close(a[3], losses(single)[3], 3, "one process after pp 3")
+    close(a[3], losses(inter)[3], 3, "Interleaved1F1B pp 2 after pp 3")
   end)
 end)
 
@@ -328,7 +394,25 @@ describe("launcher and layout errors", function()
     end
     one_line(exe .. " " .. base .. "--parallelism.tp=2", "parallelism.tp = 2, but the job has 1 rank(s); expected tp "
       .. "to divide the number of ranks")
-    one_line(exe .. " " .. base .. "--parallelism.pp=2", "parallelism.pp = 2, but pipeline parallelism is not built")
+    one_line(exe .. " " .. base .. "--parallelism.pp=2", "parallelism.pp = 2, but the job has 1 rank(s); expected pp "
+      .. "to divide the number of ranks")
+    local two, four = fake, "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4 "
+    one_line(two .. exe .. " " .. base .. "--parallelism.pp=2 --parallelism.tp=2", "parallelism.pp = 2 with tp = 2: "
+      .. "pipeline parallelism composes with data parallelism (DDP) only so far; expected parallelism.tp=1")
+    one_line(four .. exe .. " " .. base .. "--parallelism.pp=2", "parallelism.pp = 2 with dp_shard = 2 (FSDP): "
+      .. "pipeline parallelism composes with DDP only so far; expected --parallelism.dp_shard=1 "
+      .. "--parallelism.dp_replicate=-1")
+    one_line(four .. exe .. " " .. base .. "--parallelism.pp=4 "
+      .. "--parallelism.pipeline_parallel_schedule=Interleaved1F1B", "pp: parallelism.pp = 4 with 2 stage(s) per rank makes 8 stages, more than the model's 6 blocks")
+    one_line(two .. exe .. " " .. base .. "--parallelism.pp=2 --parallelism.pipeline_parallel_schedule=Interleaved1F1B "
+      .. "--training.local_batch_size=3", "micro-batches in groups of pp = 2, but local_batch_size / "
+      .. "pipeline_parallel_microbatch_size = 3 / 1 = 3 micro-batches; expected a multiple of 2")
+    one_line(two .. exe .. " " .. base .. "--parallelism.pp=2 --model.flavor=1B",
+      "parallelism.pp = 2, but llama3 1B: the flavor ties the output layer to the embedding")
+    one_line(exe .. " " .. base .. "--parallelism.pipeline_parallel_microbatch_size=3",
+      "pipeline_parallel_microbatch_size = 3 must be a positive divisor of training.local_batch_size")
+    one_line(exe .. " " .. base .. "--parallelism.pipeline_parallel_schedule=1f1b",
+      "pipeline_parallel_schedule must be GPipe, 1F1B or Interleaved1F1B, got '1f1b'")
     -- (checked before any process group: one line, from the launcher's variables alone)
     one_line("OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=3 " .. exe .. " " .. base .. "--parallelism.tp=3",
       "tp: n_kv_heads = 16 is not a multiple of parallelism.tp = 3 (each rank takes whole heads)")

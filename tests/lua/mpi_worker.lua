@@ -71,6 +71,18 @@ local msg = titan.full({ 4 }, r + 0.5, { dtype = "float32" })
 if r % 2 == 0 then g:send(msg, nxt); g:recv(box, prv) else g:recv(box, prv); g:send(msg, nxt) end
 same("send/recv", box:tolist_flat(), { prv + 0.5, prv + 0.5, prv + 0.5, prv + 0.5 })
 
+-- isend with tags (pipeline schedules): every rank sends two 4 MB messages to
+-- the next at once and takes its neighbour's in the other order; blocking
+-- sends of that size would wait on each other all around the ring.
+local big = 2 ^ 20
+local m1, m2 = titan.full({ big }, r + 1, { dtype = "float32" }), titan.full({ big }, -(r + 1), { dtype = "float32" })
+local w1, w2 = g:isend(m1, nxt, 7), g:isend(m2, nxt, 8)
+m1:free() -- (the work holds its own reference until the send completes)
+local in2, in1 = g:recv(titan.zeros({ big }), prv, 8), g:recv(titan.zeros({ big }), prv, 7)
+w1:wait(); w2:wait()
+same("isend/recv by tag", { in1:sum():item(), in1:narrow(1, big, 1):item(), in2:sum():item() },
+  { big * (prv + 1), prv + 1, -big * (prv + 1) })
+
 -- split: one group of everyone ordered backwards, and singletons
 local rev = g:split(0, n - 1 - r)
 assert(rev:rank() == n - 1 - r and rev:size() == n, "split: reversed ranks")

@@ -264,7 +264,7 @@ describe("bad recipes", function()
     local debug = "lua/recipes/llama3_debugmodel.lua "
     local cmdline = {
       { debug .. "--parallelism.tp=2", "parallelism.tp = 2, but the job has 1 rank(s); expected tp to divide" },
-      { debug .. "--parallelism.pp=4", "parallelism.pp = 4, but pipeline parallelism is not built yet" },
+      { debug .. "--parallelism.pp=4", "parallelism.pp = 4, but the job has 1 rank(s); expected pp to divide" },
       { debug .. "--checkpoint.initial_load_path=/some/run", "checkpoint.initial_load_path = /some/run, but "
         .. "checkpoint.enable is false, so nothing would be loaded; expected --checkpoint.enable=true" },
       { debug .. "--parallelism.dp_shard=8", "dp_replicate x dp_shard = 1 x 8, but the job has 1 rank(s)" },

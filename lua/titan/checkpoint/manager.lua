@@ -50,7 +50,9 @@ end
 -- cfg: the `checkpoint` section (missing keys take M.defaults); opts:
 -- dump_folder, rank, world, gather, barrier, shard_of, data_rank (this
 -- rank's data-parallel rank, whose data position it restores: tensor-
--- parallel ranks share one; default rank), log (a function
+-- parallel ranks share one; default rank), known_names (the set of tensor
+-- names the whole job holds, when this rank holds a part: a pipeline
+-- stage), log (a function
 -- receiving info lines; default: print on rank 0).
 function M.new(cfg, opts)
   cfg = cfg or {}
@@ -99,6 +101,7 @@ function M.new(cfg, opts)
     folder = fs.join(opts.dump_folder or ".", c.folder), rank = rank, world = world,
     gather = opts.gather or function(v) return { v } end, barrier = opts.barrier or function() end,
     shard_of = opts.shard_of, pending = nil, last_saved = nil, data_rank = opts.data_rank or rank,
+    known_names = opts.known_names,
     log = opts.log or function(msg) if rank == 0 then print("checkpoint: " .. msg) end end,
   }, Manager)
   return self
@@ -310,7 +313,7 @@ function Manager:load(parts)
   local ck = format.open(dir)
   if ck.step == 0 then model_only = true end -- a seed checkpoint
   local ts = state.restore(ck, parts, { model_only = model_only, exclude = self.exclude, shard_of = self.shard_of,
-    rank = self.data_rank })
+    rank = self.data_rank, known = self.known_names })
   model_only = model_only or ck.meta.model_only
   local step = initial and 0 or ck.step
   local info = { path = dir, model_only = model_only, extra = {} }

@@ -105,7 +105,8 @@ end
 -- "optimizer", "dataloader", "lr_scheduler"), shard_of, verify, strict
 -- (default true: tensors of the model group the model lacks are an error),
 -- rank (this data-parallel rank: its own data position when the save kept
--- every rank's).
+-- every rank's), known (a set of names other ranks hold: a pipeline stage
+-- has some of the model's tensors, and the others are not extra).
 -- Everything is validated (names, shapes, coverage, data file sizes) before
 -- the first byte is read. Returns the saved train state table.
 function M.restore(ck, parts, opts)
@@ -125,7 +126,10 @@ function M.restore(ck, parts, opts)
   if opts.strict ~= false then
     local extra = {}
     for _, name in ipairs(ck:names()) do
-      if name:sub(1, #M.OPTIM_PREFIX) ~= M.OPTIM_PREFIX and not own[name] then extra[#extra + 1] = name end
+      if name:sub(1, #M.OPTIM_PREFIX) ~= M.OPTIM_PREFIX and not own[name] and not (opts.known and opts.known[name])
+      then
+        extra[#extra + 1] = name
+      end
     end
     if #extra > 0 then
       fail("%s holds %d tensor(s) this model lacks (%s%s): a checkpoint of another model shape", ck.dir, #extra,
