@@ -26,6 +26,10 @@
 --               reduce-scattered (summed) into the shards' .grad and freed,
 --               and so are the parameters. A final callback of the
 --               backward pass does the root and whatever no hook caught.
+-- Under a pipeline schedule (lua/parallel/pp.lua) each micro-batch's
+-- backward is a pass of its own, whose final callback reduces and reshards
+-- every unit; a later micro-batch's forward or backward gathers again. A
+-- rank's stages are each sharded on their own (M.combine makes them one).
 -- The memory goes with tensor:free_storage(): the tensor objects, and the
 -- references autograd nodes hold to them, stay; the memory comes back at
 -- the same addresses of the same storage objects (tensor:alloc_storage()).
@@ -350,6 +354,58 @@ function FSDP:free()
     end
     u.flat:free()
   end
+end
+
+-- Several sharded models (a rank's pipeline stages) as one: the same
+-- methods over all of them, in order.
+function M.combine(list)
+  if #list == 1 then return list[1] end
+  local c = setmetatable({ parts = list, group = list[1].group, stats = list[1].stats }, { __index = FSDP })
+  local function concat(method)
+    return function()
+      local out = {}
+      for _, f in ipairs(list) do
+        for _, v in ipairs(f[method](f)) do out[#out + 1] = v end
+      end
+      return out
+    end
+  end
+  c.named_parameters, c.parameters = concat("named_parameters"), concat("parameters")
+  function c:state_model()
+    local models = {}
+    for i, f in ipairs(list) do models[i] = f:state_model() end
+    return { state_dict = function()
+      local names, tensors = {}, {}
+      for _, m in ipairs(models) do
+        local sd = m.state_dict()
+        for _, n in ipairs(sd.names) do
+          names[#names + 1] = n
+          tensors[n] = sd.tensors[n]
+        end
+      end
+      return { names = names, tensors = tensors }
+    end }
+  end
+  function c:shards_of(set)
+    local out = {}
+    for _, f in ipairs(list) do
+      for k in pairs(f:shards_of(set)) do out[k] = true end
+    end
+    return out
+  end
+  function c:sharded_bytes()
+    local n = 0
+    for _, f in ipairs(list) do n = n + f:sharded_bytes() end
+    return n
+  end
+  function c:free() for _, f in ipairs(list) do f:free() end end
+  function c.shard_of(name)
+    for _, f in ipairs(list) do
+      local shape, off = f.shard_of(name)
+      if shape then return shape, off end
+    end
+  end
+  return c
 end
 
 -- group: the dp_shard ranks. opts.replicate: the dp_replicate group (HSDP)

@@ -126,7 +126,8 @@ end
 -- The parallelism degrees against the ranks this job has (TorchTitan's
 -- keys and their -1 = "the ranks left"). Data parallelism runs today:
 -- replicated (DDP), sharded (FSDP) and both (HSDP), tensor parallelism
--- alone or with any of them, and pipeline parallelism alone or with DDP; a
+-- alone or with any of them, and pipeline parallelism alone or with DDP,
+-- FSDP or HSDP; a
 -- combination not built is refused, never ignored: the job would train
 -- something else than asked. Returns dp_replicate, dp_shard, tp, pp.
 local function resolve_parallelism(p, world)
@@ -137,8 +138,8 @@ local function resolve_parallelism(p, world)
       .. "(titan --nproc N)"):format(pp, world), 0)
   end
   if pp > 1 and p.tp > 1 then
-    error(("trainer: parallelism.pp = %d with tp = %d: pipeline parallelism composes with data parallelism (DDP) "
-      .. "only so far; expected parallelism.tp=1"):format(pp, p.tp), 0)
+    error(("trainer: parallelism.pp = %d with tp = %d: pipeline parallelism composes with data parallelism (DDP, "
+      .. "FSDP, HSDP) only so far; expected parallelism.tp=1"):format(pp, p.tp), 0)
   end
   local full = world
   world = world / pp -- the ranks of one stage
@@ -167,10 +168,6 @@ local function resolve_parallelism(p, world)
     error(("trainer: parallelism.dp_replicate x dp_shard%s%s = %s x %s%s, but the job has %d rank(s); expected their "
       .. "product to be the number of ranks (titan --nproc N)"):format(tp > 1 and " x tp" or "",
       pp > 1 and " x pp" or "", tostring(p.dp_replicate), tostring(p.dp_shard), tps, full), 0)
-  end
-  if pp > 1 and shard > 1 then
-    error(("trainer: parallelism.pp = %d with dp_shard = %d (FSDP): pipeline parallelism composes with DDP only so "
-      .. "far; expected --parallelism.dp_shard=1 --parallelism.dp_replicate=-1"):format(pp, shard), 0)
   end
   return rep, shard, tp, pp
 end
@@ -293,8 +290,12 @@ function M.new(cfg, opts)
   if self.pp > 1 then
     -- (each stage holds its blocks only; the names, hence the values, are the whole model's)
     for _, st in ipairs(self.pipe.stages) do
-      st.model:to_empty(t.device)
-      family.init_weights(st.model, t.seed)
+      if self.dp_shard > 1 then
+        st.model:to_empty(t.device, { params_storage = false }) -- (FSDP initializes a block at a time)
+      else
+        st.model:to_empty(t.device)
+        family.init_weights(st.model, t.seed)
+      end
     end
   elseif self.tp > 1 then
     -- (each weight is whole only while this rank takes its slice, one at a time)
@@ -318,8 +319,18 @@ function M.new(cfg, opts)
       shard = self.dp:split(math.floor(self.dp_rank / self.dp_shard), self.dp_rank)
       rep = self.dp:split(self.dp_rank % self.dp_shard, self.dp_rank)
     end
-    self.fsdp = require("parallel.fsdp").apply(model, shard, { replicate = rep,
-      reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward, init = init })
+    local fsdp = require("parallel.fsdp")
+    local opts = { replicate = rep, reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward, init = init }
+    if self.pipe then -- (each stage sharded on its own, over the same ranks: PP x FSDP)
+      local each = {}
+      for i, st in ipairs(self.pipe.stages) do
+        opts.init = function(names) family.init_weights(st.model, t.seed, names) end
+        each[i] = fsdp.apply(st.model, shard, opts)
+      end
+      self.fsdp = fsdp.combine(each)
+    else
+      self.fsdp = fsdp.apply(model, shard, opts)
+    end
   end
   self.shard_of = M.compose_boxes(self.fsdp, self.tp_plan)
   self.flops_per_token, self.nparams = flops, nparams
@@ -602,7 +613,10 @@ function Trainer:update(params)
   local fsdp, tpp = self.fsdp, self.tp_plan
   local opts
   if self.pp_group then -- (each stage's parameters are its own: their squares add over the pipeline)
-    opts = { sum_squares = function(sq) return self.pp_group:sum_numbers({ sq })[1] end }
+    opts = { sum_squares = function(sq)
+      if fsdp then sq = fsdp:sum_over_shards(sq) end
+      return self.pp_group:sum_numbers({ sq })[1]
+    end }
   elseif tpp then
     opts = { sharded = fsdp and fsdp:shards_of(tpp.sharded) or tpp.sharded,
       sum_squares = function(sq) return tpp.group:sum_numbers({ sq })[1] end,

@@ -293,11 +293,11 @@ describe("tensor parallelism over MPI", function()
 end)
 
 describe("pipeline parallelism over MPI", function()
-  it("pp 2 under 1F1B, GPipe (with AC) and Interleaved1F1B, and pp 2 x DDP 2, train the losses of one process",
-    function()
+  it("pp 2 under 1F1B, GPipe (with AC) and Interleaved1F1B, and pp 2 x DDP 2 and x FSDP 2, train the losses of one "
+    .. "process", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
     local steps = "--training.steps=3"
-    local one, f1b, gpipe, inter, ppdp = baseline(), tmpdir(), tmpdir(), tmpdir(), tmpdir()
+    local one, f1b, gpipe, inter, ppdp, ppfsdp = baseline(), tmpdir(), tmpdir(), tmpdir(), tmpdir(), tmpdir()
     -- (every stage reads the same data: batch 4 each, 4 micro-batches of one row)
     local out = run_ok(train_cmd(2, f1b, with(VAL, { steps, "--training.local_batch_size=4", "--parallelism.pp=2" })))
     assert.truthy(out:find("pipeline parallel: 2 stages over 2 ranks (1F1B, 4 micro-batches of 1 rows per batch); "
@@ -314,39 +314,50 @@ describe("pipeline parallelism over MPI", function()
     out = run_ok(train_cmd(4, ppdp, { steps, "--training.local_batch_size=2", "--parallelism.pp=2",
       "--parallelism.dp_replicate=-1", "--parallelism.dp_shard=1" }))
     assert.truthy(out:find("data parallel: 2 ranks (DDP", 1, true), out)
+    -- (dp_shard = -1: each stage's ranks shard it; two stages per rank, each its own FSDP, micro-batches in flight
+    -- between a unit's forward and backward, and blocks recomputed)
+    out = run_ok(train_cmd(4, ppfsdp, with(VAL, { steps, "--training.local_batch_size=2", "--parallelism.pp=2",
+      "--parallelism.pipeline_parallel_schedule=Interleaved1F1B", "--activation_checkpoint.mode=full" })))
+    assert.truthy(out:find("data parallel: 2 ranks, FSDP over 2 shards", 1, true), out)
     local a = losses(one)
-    for name, dump in pairs({ f1b = f1b, gpipe = gpipe, inter = inter, ppdp = ppdp }) do
+    for name, dump in pairs({ f1b = f1b, gpipe = gpipe, inter = inter, ppdp = ppdp, ppfsdp = ppfsdp }) do
       local b = losses(dump)
       for s = 1, 3 do close(a[s], b[s], s, name) end
     end
-    for name, dump in pairs({ f1b = f1b, inter = inter }) do
+    for name, dump in pairs({ f1b = f1b, inter = inter, ppfsdp = ppfsdp }) do
       close(losses(one, "validation_loss")[3], losses(dump, "validation_loss")[3], 3, name .. " validation")
     end
   end)
 
-  it("a pp checkpoint resumes exactly on the same stages, in one process, and on other stages", function()
+  it("a pp checkpoint resumes in one process and on other stages; a pp x FSDP one exactly on its own layout",
+    function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
-    local ck = { "--checkpoint.enable=true", "--checkpoint.interval=2", "--training.local_batch_size=4",
-      "--training.steps=3" }
-    local PP3 = { "--parallelism.pp=3" }
-    local straight, resumed, single, inter = tmpdir(), tmpdir(), tmpdir(), tmpdir()
+    local ck = { "--checkpoint.enable=true", "--checkpoint.interval=2", "--training.steps=3" }
+    local PP3 = { "--parallelism.pp=3", "--training.local_batch_size=4" }
+    local PPF = { "--parallelism.pp=2", "--training.local_batch_size=2" } -- (4 ranks: 2 stages, each over 2 shards)
+    local straight, single, inter, ppf, ppf2 = tmpdir(), tmpdir(), tmpdir(), tmpdir(), tmpdir()
     run_ok(train_cmd(3, straight, with(PP3, ck)))
     -- each stage wrote its own blocks
     local meta = cjson.decode(assert(io.open(straight .. "/checkpoint/step-2/metadata.json")):read("*a"))
     for r = 0, 2 do assert.is_true(meta.files[("rank-%d.bin"):format(r)].size > 0, cjson.encode(meta.files)) end
-    for _, dump in ipairs({ resumed, single, inter }) do
+    run_ok(train_cmd(4, ppf, with(PPF, ck)))
+    local function copy(from, to)
       assert.are.equal(0, select(2, sh.run(("mkdir -p %s/checkpoint && cp -r %s/checkpoint/step-2 %s/checkpoint/")
-        :format(dump, straight, dump))))
+        :format(to, from, to))))
     end
-    local out = run_ok(train_cmd(3, resumed, with(PP3, ck)))
-    assert.truthy(out:find("resumed from step 2", 1, true), out)
-    run_ok(train_cmd(1, single, ck))
-    run_ok(train_cmd(2, inter, with(ck, { "--parallelism.pp=2",
+    copy(straight, single)
+    copy(straight, inter)
+    copy(ppf, ppf2)
+    run_ok(train_cmd(1, single, with(ck, { "--training.local_batch_size=4" })))
+    run_ok(train_cmd(2, inter, with(ck, { "--parallelism.pp=2", "--training.local_batch_size=4",
       "--parallelism.pipeline_parallel_schedule=Interleaved1F1B" })))
+    local out = run_ok(train_cmd(4, ppf2, with(PPF, ck)))
+    assert.truthy(out:find("resumed from step 2", 1, true), out)
     local a = losses(straight)
-    assert.are.equal(a[3], losses(resumed)[3]) -- bit for bit
     close(a[3], losses(single)[3], 3, "one process after pp 3")
     close(a[3], losses(inter)[3], 3, "Interleaved1F1B pp 2 after pp 3")
+    assert.are.equal(losses(ppf)[3], losses(ppf2)[3]) -- bit for bit
+    close(a[3], losses(ppf)[3], 3, "pp 2 x FSDP 2")
   end)
 end)
 
@@ -398,12 +409,11 @@ describe("launcher and layout errors", function()
       .. "to divide the number of ranks")
     local two, four = fake, "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4 "
     one_line(two .. exe .. " " .. base .. "--parallelism.pp=2 --parallelism.tp=2", "parallelism.pp = 2 with tp = 2: "
-      .. "pipeline parallelism composes with data parallelism (DDP) only so far; expected parallelism.tp=1")
-    one_line(four .. exe .. " " .. base .. "--parallelism.pp=2", "parallelism.pp = 2 with dp_shard = 2 (FSDP): "
-      .. "pipeline parallelism composes with DDP only so far; expected --parallelism.dp_shard=1 "
-      .. "--parallelism.dp_replicate=-1")
+      .. "pipeline parallelism composes with data parallelism (DDP, FSDP, HSDP) only so far; expected "
+      .. "parallelism.tp=1")
     one_line(four .. exe .. " " .. base .. "--parallelism.pp=4 "
-      .. "--parallelism.pipeline_parallel_schedule=Interleaved1F1B", "pp: parallelism.pp = 4 with 2 stage(s) per rank makes 8 stages, more than the model's 6 blocks")
+      .. "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+      "pp: parallelism.pp = 4 with 2 stage(s) per rank makes 8 stages, more than the model's 6 blocks")
     one_line(two .. exe .. " " .. base .. "--parallelism.pp=2 --parallelism.pipeline_parallel_schedule=Interleaved1F1B "
       .. "--training.local_batch_size=3", "micro-batches in groups of pp = 2, but local_batch_size / "
       .. "pipeline_parallel_microbatch_size = 3 / 1 = 3 micro-batches; expected a multiple of 2")
