@@ -140,4 +140,21 @@ function M.apply(model, group, plan, opts)
   return out
 end
 
+-- Several split models (a rank's pipeline stages) as one plan: their
+-- boxes and split weights together (the names are the whole model's, so
+-- they do not collide).
+function M.combine(list)
+  if #list == 1 then return list[1] end
+  local out = { boxes = {}, sharded = {}, group = list[1].group }
+  for _, p in ipairs(list) do
+    for k, v in pairs(p.boxes) do out.boxes[k] = v end
+    for k in pairs(p.sharded) do out.sharded[k] = true end
+  end
+  out.shard_of = function(name)
+    local b = out.boxes[name]
+    if b then return b[1], b[2] end
+  end
+  return out
+end
+
 return M

@@ -126,8 +126,8 @@ end
 -- The parallelism degrees against the ranks this job has (TorchTitan's
 -- keys and their -1 = "the ranks left"). Data parallelism runs today:
 -- replicated (DDP), sharded (FSDP) and both (HSDP), tensor parallelism
--- alone or with any of them, and pipeline parallelism alone or with DDP,
--- FSDP or HSDP; a
+-- alone or with any of them, and pipeline parallelism alone or with any
+-- of those (3D: pp x dp x tp); a
 -- combination not built is refused, never ignored: the job would train
 -- something else than asked. Returns dp_replicate, dp_shard, tp, pp.
 local function resolve_parallelism(p, world)
@@ -137,15 +137,15 @@ local function resolve_parallelism(p, world)
     error(("trainer: parallelism.pp = %d, but the job has %d rank(s); expected pp to divide the number of ranks "
       .. "(titan --nproc N)"):format(pp, world), 0)
   end
-  if pp > 1 and p.tp > 1 then
-    error(("trainer: parallelism.pp = %d with tp = %d: pipeline parallelism composes with data parallelism (DDP, "
-      .. "FSDP, HSDP) only so far; expected parallelism.tp=1"):format(pp, p.tp), 0)
-  end
   local full = world
   world = world / pp -- the ranks of one stage
   local tp = p.tp
   if tp < 1 or tp % 1 ~= 0 then error(("trainer: parallelism.tp = %s; expected a positive degree"):format(tp), 0) end
   if world % tp ~= 0 then
+    if pp > 1 then
+      error(("trainer: parallelism.tp x pp = %d x %d, but the job has %d rank(s); expected their product to divide "
+        .. "the number of ranks (titan --nproc N)"):format(tp, pp, full), 0)
+    end
     error(("trainer: parallelism.tp = %d, but the job has %d rank(s); expected tp to divide the number of ranks "
       .. "(titan --nproc N)"):format(tp, world), 0)
   end
@@ -289,14 +289,21 @@ function M.new(cfg, opts)
   local init = function(names) family.init_weights(model, t.seed, names) end
   if self.pp > 1 then
     -- (each stage holds its blocks only; the names, hence the values, are the whole model's)
+    local plans = {}
     for _, st in ipairs(self.pipe.stages) do
-      if self.dp_shard > 1 then
-        st.model:to_empty(t.device, { params_storage = false }) -- (FSDP initializes a block at a time)
+      if self.dp_shard > 1 or self.tp > 1 then
+        -- (TP takes its slices a weight at a time, FSDP its shards a block at a time)
+        st.model:to_empty(t.device, { params_storage = false })
+        if self.tp > 1 then
+          plans[#plans + 1] = require("parallel.tp").apply(st.model, self.tp_group, family.tp_plan,
+            { init = function(names) family.init_weights(st.model, t.seed, names) end })
+        end
       else
         st.model:to_empty(t.device)
         family.init_weights(st.model, t.seed)
       end
     end
+    if #plans > 0 then self.tp_plan = require("parallel.tp").combine(plans) end
   elseif self.tp > 1 then
     -- (each weight is whole only while this rank takes its slice, one at a time)
     model:to_empty(t.device, { params_storage = false })
@@ -607,22 +614,20 @@ function Trainer:update(params)
     local norm = self:update_on_device(params)
     if norm then return norm end
   end
-  -- (FSDP: each rank holds a share of every gradient; the squares are summed
-  -- over the shard ranks, whose replicas hold the same shares. TP: the split
-  -- weights' squares are summed over the tp ranks, the whole ones counted once.)
-  local fsdp, tpp = self.fsdp, self.tp_plan
+  local fsdp, tpp, ppg = self.fsdp, self.tp_plan, self.pp_group
   local opts
-  if self.pp_group then -- (each stage's parameters are its own: their squares add over the pipeline)
-    opts = { sum_squares = function(sq)
-      if fsdp then sq = fsdp:sum_over_shards(sq) end
-      return self.pp_group:sum_numbers({ sq })[1]
-    end }
-  elseif tpp then
-    opts = { sharded = fsdp and fsdp:shards_of(tpp.sharded) or tpp.sharded,
-      sum_squares = function(sq) return tpp.group:sum_numbers({ sq })[1] end,
-      sum_total = fsdp and function(sq) return fsdp:sum_over_shards(sq) end }
-  elseif fsdp then
-    opts = { sum_squares = function(sq) return fsdp:sum_over_shards(sq) end }
+  if fsdp or tpp or ppg then
+    -- The squares of the split weights' pieces are summed over the tp ranks
+    -- and the whole weights counted once; then every rank's total over its
+    -- FSDP shard group (the replicas hold the same shares) and over the
+    -- pipeline's stages (each holds its own parameters).
+    opts = { sharded = tpp and (fsdp and fsdp:shards_of(tpp.sharded) or tpp.sharded),
+      sum_squares = function(sq) return tpp and tpp.group:sum_numbers({ sq })[1] or sq end,
+      sum_total = function(x)
+        if fsdp then x = fsdp:sum_over_shards(x) end
+        if ppg then x = ppg:sum_numbers({ x })[1] end
+        return x
+      end }
   end
   local grad_norm = optim.clip_grad_norm(params, self.cfg.training.max_norm, opts)
   self.optimizer:step()

@@ -293,11 +293,11 @@ describe("tensor parallelism over MPI", function()
 end)
 
 describe("pipeline parallelism over MPI", function()
-  it("pp 2 under 1F1B, GPipe (with AC) and Interleaved1F1B, and pp 2 x DDP 2 and x FSDP 2, train the losses of one "
-    .. "process", function()
+  it("pp 2 under 1F1B, GPipe (with AC) and Interleaved1F1B, pp 2 x DDP 2, and pp x FSDP x TP (3D) train the "
+    .. "losses of one process", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
     local steps = "--training.steps=3"
-    local one, f1b, gpipe, inter, ppdp, ppfsdp = baseline(), tmpdir(), tmpdir(), tmpdir(), tmpdir(), tmpdir()
+    local one, f1b, gpipe, inter, ppdp, threed = baseline(), tmpdir(), tmpdir(), tmpdir(), tmpdir(), tmpdir()
     -- (every stage reads the same data: batch 4 each, 4 micro-batches of one row)
     local out = run_ok(train_cmd(2, f1b, with(VAL, { steps, "--training.local_batch_size=4", "--parallelism.pp=2" })))
     assert.truthy(out:find("pipeline parallel: 2 stages over 2 ranks (1F1B, 4 micro-batches of 1 rows per batch); "
@@ -314,33 +314,38 @@ describe("pipeline parallelism over MPI", function()
     out = run_ok(train_cmd(4, ppdp, { steps, "--training.local_batch_size=2", "--parallelism.pp=2",
       "--parallelism.dp_replicate=-1", "--parallelism.dp_shard=1" }))
     assert.truthy(out:find("data parallel: 2 ranks (DDP", 1, true), out)
-    -- (dp_shard = -1: each stage's ranks shard it; two stages per rank, each its own FSDP, micro-batches in flight
-    -- between a unit's forward and backward, and blocks recomputed)
-    out = run_ok(train_cmd(4, ppfsdp, with(VAL, { steps, "--training.local_batch_size=2", "--parallelism.pp=2",
-      "--parallelism.pipeline_parallel_schedule=Interleaved1F1B", "--activation_checkpoint.mode=full" })))
+    -- 3D on 8 ranks: 2 stages x (dp_shard = -1: FSDP over 2) x tp 2; two stages per rank, each its own FSDP and
+    -- TP, micro-batches in flight between a unit's forward and backward, and blocks recomputed
+    out = run_ok(train_cmd(8, threed, with(VAL, { steps, "--training.local_batch_size=2", "--parallelism.pp=2",
+      "--parallelism.tp=2", "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+      "--activation_checkpoint.mode=full" })))
     assert.truthy(out:find("data parallel: 2 ranks, FSDP over 2 shards", 1, true), out)
+    assert.truthy(out:find("tensor parallel: 2 ranks", 1, true), out)
     local a = losses(one)
-    for name, dump in pairs({ f1b = f1b, gpipe = gpipe, inter = inter, ppdp = ppdp, ppfsdp = ppfsdp }) do
+    for name, dump in pairs({ f1b = f1b, gpipe = gpipe, inter = inter, ppdp = ppdp, threed = threed }) do
       local b = losses(dump)
       for s = 1, 3 do close(a[s], b[s], s, name) end
     end
-    for name, dump in pairs({ f1b = f1b, inter = inter, ppfsdp = ppfsdp }) do
+    for name, dump in pairs({ f1b = f1b, inter = inter, threed = threed }) do
       close(losses(one, "validation_loss")[3], losses(dump, "validation_loss")[3], 3, name .. " validation")
     end
   end)
 
-  it("a pp checkpoint resumes in one process and on other stages; a pp x FSDP one exactly on its own layout",
+  it("a pp checkpoint resumes in one process and on other stages; a 3D one exactly on its own layout",
     function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
     local ck = { "--checkpoint.enable=true", "--checkpoint.interval=2", "--training.steps=3" }
     local PP3 = { "--parallelism.pp=3", "--training.local_batch_size=4" }
-    local PPF = { "--parallelism.pp=2", "--training.local_batch_size=2" } -- (4 ranks: 2 stages, each over 2 shards)
+    -- (8 ranks: 4 stages, two per rank, each FSDP over 2 x TP 2; the checkpoint's boxes add the shard's and the
+    -- slice's offsets)
+    local PPF = { "--parallelism.pp=2", "--parallelism.tp=2", "--training.local_batch_size=2",
+      "--parallelism.pipeline_parallel_schedule=Interleaved1F1B" }
     local straight, single, inter, ppf, ppf2 = tmpdir(), tmpdir(), tmpdir(), tmpdir(), tmpdir()
     run_ok(train_cmd(3, straight, with(PP3, ck)))
     -- each stage wrote its own blocks
     local meta = cjson.decode(assert(io.open(straight .. "/checkpoint/step-2/metadata.json")):read("*a"))
     for r = 0, 2 do assert.is_true(meta.files[("rank-%d.bin"):format(r)].size > 0, cjson.encode(meta.files)) end
-    run_ok(train_cmd(4, ppf, with(PPF, ck)))
+    run_ok(train_cmd(8, ppf, with(PPF, ck)))
     local function copy(from, to)
       assert.are.equal(0, select(2, sh.run(("mkdir -p %s/checkpoint && cp -r %s/checkpoint/step-2 %s/checkpoint/")
         :format(to, from, to))))
@@ -351,13 +356,13 @@ describe("pipeline parallelism over MPI", function()
     run_ok(train_cmd(1, single, with(ck, { "--training.local_batch_size=4" })))
     run_ok(train_cmd(2, inter, with(ck, { "--parallelism.pp=2", "--training.local_batch_size=4",
       "--parallelism.pipeline_parallel_schedule=Interleaved1F1B" })))
-    local out = run_ok(train_cmd(4, ppf2, with(PPF, ck)))
+    local out = run_ok(train_cmd(8, ppf2, with(PPF, ck)))
     assert.truthy(out:find("resumed from step 2", 1, true), out)
     local a = losses(straight)
     close(a[3], losses(single)[3], 3, "one process after pp 3")
     close(a[3], losses(inter)[3], 3, "Interleaved1F1B pp 2 after pp 3")
     assert.are.equal(losses(ppf)[3], losses(ppf2)[3]) -- bit for bit
-    close(a[3], losses(ppf)[3], 3, "pp 2 x FSDP 2")
+    close(a[3], losses(ppf)[3], 3, "3D")
   end)
 end)
 
@@ -408,9 +413,8 @@ describe("launcher and layout errors", function()
     one_line(exe .. " " .. base .. "--parallelism.pp=2", "parallelism.pp = 2, but the job has 1 rank(s); expected pp "
       .. "to divide the number of ranks")
     local two, four = fake, "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4 "
-    one_line(two .. exe .. " " .. base .. "--parallelism.pp=2 --parallelism.tp=2", "parallelism.pp = 2 with tp = 2: "
-      .. "pipeline parallelism composes with data parallelism (DDP, FSDP, HSDP) only so far; expected "
-      .. "parallelism.tp=1")
+    one_line(two .. exe .. " " .. base .. "--parallelism.pp=2 --parallelism.tp=2", "parallelism.tp x pp = 2 x 2, but "
+      .. "the job has 2 rank(s); expected their product to divide the number of ranks")
     one_line(four .. exe .. " " .. base .. "--parallelism.pp=4 "
       .. "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
       "pp: parallelism.pp = 4 with 2 stage(s) per rank makes 8 stages, more than the model's 6 blocks")
