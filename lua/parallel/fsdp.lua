@@ -307,6 +307,7 @@ end
 function FSDP:state_model()
   local f = self
   return {
+    args = f.model.args, -- (what an HF import checks the folder against)
     state_dict = function()
       local names, tensors = {}, {}
       for _, np in ipairs(f:named_parameters()) do
@@ -374,7 +375,7 @@ function M.combine(list)
   function c:state_model()
     local models = {}
     for i, f in ipairs(list) do models[i] = f:state_model() end
-    return { state_dict = function()
+    return { args = list[1].model.args, state_dict = function()
       local names, tensors = {}, {}
       for _, m in ipairs(models) do
         local sd = m.state_dict()

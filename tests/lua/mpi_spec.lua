@@ -364,6 +364,20 @@ describe("pipeline parallelism over MPI", function()
     assert.are.equal(losses(ppf)[3], losses(ppf2)[3]) -- bit for bit
     close(a[3], losses(ppf)[3], 3, "3D")
   end)
+
+  it("a Hugging Face folder loads onto 3D ranks: each reads its stage's tensors and takes its piece", function()
+    if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
+    -- (the weights of a short run, so that a wrong piece shows in the loss)
+    local src, hf, one, threed = tmpdir(), tmpdir() .. "/hf", tmpdir(), tmpdir()
+    run_ok(train_cmd(1, src, { "--checkpoint.enable=true", "--training.steps=2", "--training.local_batch_size=4" }))
+    run_ok(("%s ckpt convert --to hf --model-flavor debugmodel %s/checkpoint/step-2 %s"):format(exe, src, hf))
+    local load = { "--checkpoint.enable=true", "--checkpoint.initial_load_path=" .. hf, "--training.steps=1" }
+    run_ok(train_cmd(1, one, with(load, { "--training.local_batch_size=4" })))
+    local out = run_ok(train_cmd(8, threed, with(load, { "--training.local_batch_size=2", "--parallelism.pp=2",
+      "--parallelism.tp=2", "--parallelism.pipeline_parallel_schedule=Interleaved1F1B" })))
+    assert.truthy(out:find("loaded the model from Hugging Face folder", 1, true), out)
+    close(losses(one)[1], losses(threed)[1], 1, "3D from HF")
+  end)
 end)
 
 describe("launcher and layout errors", function()

@@ -315,8 +315,13 @@ local function read_into(p, dst)
 end
 
 -- Load an HF Llama folder into `model` (its args give the layout; a
--- config.json that disagrees is an error naming the field).
-function M.import(dir, model)
+-- config.json that disagrees is an error naming the field). opts (a
+-- distributed job): shard_of(name) -> global shape, offset of this rank's
+-- piece (FSDP rows, TP slices: each tensor is read whole, one at a time,
+-- and the piece copied), known (the names other ranks hold: a pipeline
+-- stage has some of the model).
+function M.import(dir, model, opts)
+  opts = opts or {}
   local a = model.args
   local cfg_path = fs.join(dir, "config.json")
   if fs.exists(cfg_path) then
@@ -332,11 +337,32 @@ function M.import(dir, model)
   end
   local plan = plan_import(dir, a)
   local sd = model:state_dict()
+  local mine = {}
   for _, p in ipairs(plan) do
-    if not sd.tensors[p.m.titan] then fail("the model has no parameter %s", p.m.titan) end
+    local name = p.m.titan
+    if sd.tensors[name] then
+      mine[#mine + 1] = p
+    elseif not (opts.known and opts.known[name]) then
+      fail("the model has no parameter %s", name)
+    end
   end
   autograd.no_grad(function()
-    for _, p in ipairs(plan) do read_into(p, sd.tensors[p.m.titan]) end
+    for _, p in ipairs(mine) do
+      local dst = sd.tensors[p.m.titan]
+      local gshape, off = nil, nil
+      if opts.shard_of then gshape, off = opts.shard_of(p.m.titan, dst) end
+      if not gshape then
+        read_into(p, dst)
+      else
+        require("titan.memory").scope(function()
+          local whole = tensor.empty(gshape, { dtype = dst:dtype() })
+          read_into(p, whole)
+          local piece = whole
+          for d = 1, #gshape do piece = piece:narrow(d, off[d] + 1, dst:size(d)) end
+          dst:copy_(piece)
+        end)
+      end
+    end
   end)
   return model
 end

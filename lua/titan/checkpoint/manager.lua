@@ -306,7 +306,7 @@ function Manager:load(parts)
   end
   if not dir then return nil end
   if kind == "hf" then
-    require("titan.checkpoint.hf").import(dir, parts.model)
+    require("titan.checkpoint.hf").import(dir, parts.model, { shard_of = self.shard_of, known = self.known_names })
     self.log(("loaded the model from Hugging Face folder %s"):format(dir))
     return 0, { path = dir, model_only = true, extra = {} }
   end
