@@ -191,6 +191,9 @@ M.tp_plan = {
   regions = { "attention", "feed_forward" },
   colwise = { "attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3" },
   rowwise = { "attention.wo", "feed_forward.w2" },
+  -- sequence parallelism: the embedding's output is split along the sequence,
+  -- the final norm's gathered; the blocks' norms see a chunk of the tokens each
+  sequence = { enter = "tok_embeddings", exit = "norm", norms = { "attention_norm", "ffn_norm" } },
   -- each rank takes whole heads (and whole groups of query heads per kv head)
   check = function(a, tp)
     if a.n_kv_heads % tp ~= 0 then

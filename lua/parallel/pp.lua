@@ -279,12 +279,14 @@ Pipeline.__index = Pipeline
 M.Pipeline = Pipeline
 
 -- stages: this rank's (M.split); group: the pp group (rank = pp rank);
--- opts.dim: the hidden size (what crosses a stage boundary).
+-- opts.dim: the hidden size (what crosses a stage boundary); opts.seq_shards:
+-- into how many chunks the sequence is split there (tensor parallelism's
+-- sequence parallelism: each rank sends its chunk).
 function M.pipeline(stages, group, layout, opts)
   local by_id = {}
   for _, st in ipairs(stages) do by_id[st.id] = st end
   return setmetatable({ stages = stages, by_id = by_id, group = group, layout = layout, dim = opts.dim,
-    rank = group:rank(), cache = {} }, Pipeline)
+    seq_shards = opts.seq_shards or 1, rank = group:rank(), cache = {} }, Pipeline)
 end
 
 -- This rank's actions for nmb micro-batches (checked once per count).
@@ -305,7 +307,8 @@ local function tag_f(self, s) return s end
 local function tag_b(self, s) return self.layout.S + s end
 
 function Pipeline:boundary(mb, dtype, device)
-  return titan.empty({ mb.inputs:size(1), mb.inputs:size(2), self.dim }, { dtype = dtype, device = device })
+  return titan.empty({ mb.inputs:size(1), mb.inputs:size(2) / self.seq_shards, self.dim },
+    { dtype = dtype, device = device })
 end
 
 -- Forward and backward of every micro-batch (a list of { inputs, targets }

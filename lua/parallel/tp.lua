@@ -1,5 +1,5 @@
 -- tp.lua — tensor parallelism as Megatron-LM splits a transformer block
--- (TorchTitan's plan, without sequence parallelism): the projections into
+-- (TorchTitan's plan): the projections into
 -- a region (wq, wk, wv; w1, w3) are split by output rows ("colwise": each
 -- rank computes its own heads, its share of the hidden units), the
 -- projection out of it (wo; w2) by input columns ("rowwise": each rank's
@@ -15,8 +15,21 @@
 --   local plan = tp.apply(model, tp_group, family.tp_plan)   -- materialized, initialized model
 --   plan.shard_of(name) -> global shape, offset (checkpoint boxes); plan.sharded[param] = true
 --
+-- Sequence parallelism (opts.sequence_parallel, Megatron-LM's; TorchTitan's
+-- default with TP): between the regions, the residual stream, the norms and
+-- the adds hold each rank's chunk of the sequence ([B, T/tp, D]), so their
+-- activations are split tp ways too. A region's input is all-gathered along
+-- the sequence (its backward reduce-scatters: f becomes an all-gather) and
+-- its output reduce-scattered (g becomes a reduce-scatter): the same bytes
+-- on the wire as the two all-reduces. The embedding's output enters as this
+-- rank's chunk; the final norm's output is gathered for the output layer,
+-- which every rank computes whole. The norms' weights see a chunk of the
+-- tokens each, so their gradients are partial sums over the tp ranks:
+-- plan.partial names them and the trainer sums them after the backward.
+--
 -- The model family says what to split (a plan table: its regions, colwise
--- and rowwise linears, and a check of its sizes); this file knows no model.
+-- and rowwise linears, its sequence-parallel entry, exit and norms, and a
+-- check of its sizes); this file knows no model.
 local autograd = require("titan.autograd")
 local memory = require("titan.memory")
 
@@ -45,6 +58,49 @@ local ReduceOut = autograd.Function {
   end,
   backward = function(_, g) return g end,
 }
+
+-- ---- sequence parallelism: [B, T, D] split along T -------------------------
+-- (the collectives split dim 0, so the sequence goes first for them)
+
+local function gather_seq(x, group)
+  return memory.scope(function()
+    local all = group:all_gather(x:transpose(1, 2):contiguous()) -- [T, B, D], the ranks' chunks in order
+    return all:transpose(1, 2):contiguous()
+  end)
+end
+
+local function reduce_scatter_seq(x, group)
+  return memory.scope(function()
+    local mine = group:reduce_scatter(x:transpose(1, 2):contiguous(), "sum")
+    return mine:transpose(1, 2):contiguous()
+  end)
+end
+
+local function chunk_seq(x, group)
+  local n = x:size(2) / group:size()
+  return memory.scope(function() return x:narrow(2, group:rank() * n + 1, n):contiguous() end)
+end
+
+local function seq_function(name, fwd, bwd)
+  return autograd.Function {
+    name = name,
+    forward = function(ctx, x, group)
+      ctx.group = group
+      return fwd(x, group)
+    end,
+    backward = function(ctx, g) return bwd(g, ctx.group) end,
+  }
+end
+
+-- A region's input: the whole sequence (f); its output: the chunk of the sum (g).
+local SeqGatherIn = seq_function("sp_gather_in", gather_seq, reduce_scatter_seq)
+local SeqScatterOut = seq_function("sp_reduce_scatter_out", reduce_scatter_seq, gather_seq)
+-- The embedding's output (the same on every rank): this rank's chunk.
+local SeqEnter = seq_function("sp_enter", chunk_seq, gather_seq)
+-- The final norm's output, for the output layer every rank computes whole
+-- on the same values: its gradient is the same on every rank, and each
+-- keeps its chunk.
+local SeqExit = seq_function("sp_exit", gather_seq, chunk_seq)
 
 local function resolve(block, path)
   local m = block
@@ -107,10 +163,13 @@ end
 -- rowwise = {...}, check = function(args, tp) -> error text or nil }.
 function M.apply(model, group, plan, opts)
   local init = opts and opts.init
+  local sp = opts and opts.sequence_parallel
   local tp, rank = group:size(), group:rank()
   M.check(model, plan, tp)
+  if sp and not plan.sequence then error("tp: the model family's tp_plan has no `sequence` (sequence parallelism)", 0) end
   local layers = rawget(model, "layers")
-  local out = { boxes = {}, sharded = {}, group = group }
+  local out = { boxes = {}, sharded = {}, group = group, partial = sp and {} or nil, sequence_parallel = sp }
+  local into, outof = sp and SeqGatherIn or CopyIn, sp and SeqScatterOut or ReduceOut
   for _, bname in ipairs(layers._children) do
     local block = layers[bname]
     local prefix = "layers." .. bname .. "."
@@ -127,8 +186,30 @@ function M.apply(model, group, plan, opts)
       local m = resolve(block, path)
       local forward = m.forward
       rawset(m, "forward", function(self, x, ...)
-        return ReduceOut(forward(self, CopyIn(x, group), ...), group)
+        return outof(forward(self, into(x, group), ...), group)
       end)
+    end
+    if sp then
+      for _, path in ipairs(plan.sequence.norms) do out.partial[rawget(resolve(block, path), "weight")] = true end
+    end
+  end
+  if sp then
+    -- (a pipeline stage may hold neither: its input arrives split, its output leaves split)
+    local enter, exit = rawget(model, plan.sequence.enter), rawget(model, plan.sequence.exit)
+    if enter then
+      local forward = enter.forward
+      rawset(enter, "forward", function(self, ...) return SeqEnter(forward(self, ...), group) end)
+    end
+    if exit then
+      out.partial[rawget(exit, "weight")] = true
+      local forward, add_forward = exit.forward, exit.add_forward
+      rawset(exit, "forward", function(self, ...) return SeqExit(forward(self, ...), group) end)
+      if add_forward then
+        rawset(exit, "add_forward", function(self, ...)
+          local x, y = add_forward(self, ...)
+          return x, SeqExit(y, group)
+        end)
+      end
     end
   end
   for _, np in ipairs(model:named_parameters()) do materialize(np[2], np[1], init) end -- the whole ones
@@ -145,10 +226,12 @@ end
 -- they do not collide).
 function M.combine(list)
   if #list == 1 then return list[1] end
-  local out = { boxes = {}, sharded = {}, group = list[1].group }
+  local out = { boxes = {}, sharded = {}, group = list[1].group, sequence_parallel = list[1].sequence_parallel,
+    partial = list[1].partial and {} or nil }
   for _, p in ipairs(list) do
     for k, v in pairs(p.boxes) do out.boxes[k] = v end
     for k in pairs(p.sharded) do out.sharded[k] = true end
+    for k in pairs(p.partial or {}) do out.partial[k] = true end
   end
   out.shard_of = function(name)
     local b = out.boxes[name]

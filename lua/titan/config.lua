@@ -89,6 +89,7 @@ M.defaults = {
     dp_shard = -1,
     fsdp_reshard_after_forward = "default", -- default | always | never (lua/parallel/fsdp.lua)
     tp = 1,
+    sequence_parallel = true,                   -- with tp > 1: norms and residual stream split along the sequence
     pp = 1,
     pipeline_parallel_schedule = "1F1B",        -- GPipe | 1F1B | Interleaved1F1B (lua/parallel/pp.lua)
     pipeline_parallel_microbatch_size = 1,      -- rows of local_batch_size per pipeline micro-batch
@@ -166,6 +167,8 @@ M.descriptions = {
   ["parallelism.fsdp_reshard_after_forward"] =
     "default (every block but the last frees its gathered parameters after its forward), always or never",
   ["parallelism.tp"] = "tensor-parallel degree: each block's heads and feed-forward split over tp ranks",
+  ["parallelism.sequence_parallel"] =
+    "with tp > 1, split the norms and the residual stream along the sequence (Megatron's SP; seq_len % tp == 0)",
   ["parallelism.pp"] = "pipeline-parallel degree: the blocks split into stages held by pp ranks in turn",
   ["parallelism.pipeline_parallel_schedule"] = "GPipe, 1F1B or Interleaved1F1B (several stages per rank)",
   ["parallelism.pipeline_parallel_microbatch_size"] =

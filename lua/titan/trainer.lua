@@ -236,7 +236,14 @@ function M.new(cfg, opts)
   end
   local model = build_meta()
   local flops, nparams = family.flops_per_token(model, t.seq_len)
-  if self.tp > 1 then require("parallel.tp").check(model, family.tp_plan, self.tp) end
+  if self.tp > 1 then
+    require("parallel.tp").check(model, family.tp_plan, self.tp)
+    self.sequence_parallel = cfg.parallelism.sequence_parallel
+    if self.sequence_parallel and t.seq_len % self.tp ~= 0 then
+      error(("trainer: training.seq_len = %d does not split into parallelism.tp = %d chunks (sequence parallelism); "
+        .. "expected a multiple of %d, or --parallelism.sequence_parallel=false"):format(t.seq_len, self.tp, self.tp), 0)
+    end
+  end
   if self.pp > 1 then self:plan_pipeline(family, model) end
   local bytes_per = ({ float32 = 4, float64 = 8, bfloat16 = 2 })[t.mixed_precision_param] or 4
   -- weights + gradients + two f32 AdamW moments (+ f32 master weights under bf16)
@@ -296,7 +303,8 @@ function M.new(cfg, opts)
         st.model:to_empty(t.device, { params_storage = false })
         if self.tp > 1 then
           plans[#plans + 1] = require("parallel.tp").apply(st.model, self.tp_group, family.tp_plan,
-            { init = function(names) family.init_weights(st.model, t.seed, names) end })
+            { init = function(names) family.init_weights(st.model, t.seed, names) end,
+              sequence_parallel = self.sequence_parallel })
         end
       else
         st.model:to_empty(t.device)
@@ -307,7 +315,8 @@ function M.new(cfg, opts)
   elseif self.tp > 1 then
     -- (each weight is whole only while this rank takes its slice, one at a time)
     model:to_empty(t.device, { params_storage = false })
-    self.tp_plan = require("parallel.tp").apply(model, self.tp_group, family.tp_plan, { init = init })
+    self.tp_plan = require("parallel.tp").apply(model, self.tp_group, family.tp_plan, { init = init,
+      sequence_parallel = self.sequence_parallel })
   elseif self.dp_shard <= 1 then
     model:to_empty(t.device)
     family.init_weights(model, t.seed)
@@ -448,7 +457,9 @@ function Trainer:build_pipeline(family, model, build_meta)
     self.ac_blocks = self.ac_blocks + require("parallel.ac").apply(st.model, cfg.activation_checkpoint)
   end
   self.ac_blocks = self.pp_group:sum_numbers({ self.ac_blocks })[1] -- (the banner counts the whole model's)
-  self.pipe = pp.pipeline(stages, self.pp_group, layout, { dim = model.args.dim })
+  -- (under sequence parallelism a stage boundary carries this rank's chunk of the sequence)
+  self.pipe = pp.pipeline(stages, self.pp_group, layout, { dim = model.args.dim,
+    seq_shards = self.sequence_parallel and self.tp or 1 })
   self.model = pp.Stages(stages)
   -- Checkpoints: the names the whole pipeline holds (this rank's are a part).
   self.all_names = {}
@@ -490,8 +501,10 @@ function Trainer:banner()
       .. "each; tps and MFU are per rank"):format(self.dp_size, titan.num_threads()))
   end
   if self.tp_plan then
-    self.print(("tensor parallel: %d ranks per replica split each block's heads and feed-forward units (two "
-      .. "all-reduces of the activations per block each way); tps and MFU are per rank"):format(self.tp))
+    self.print(("tensor parallel: %d ranks per replica split each block's heads and feed-forward units (%s); tps "
+      .. "and MFU are per rank"):format(self.tp, self.sequence_parallel and "sequence parallel: norms and the "
+      .. "residual stream split along the sequence, an all-gather into and a reduce-scatter out of each half-block"
+      or "two all-reduces of the activations per block each way"))
   end
   if self.pipe then
     local L, parts = self.pipe.layout, {}
@@ -593,6 +606,36 @@ function Trainer:reduce_gradients(params, loss)
   return dp:sum_numbers({ loss })[1]
 end
 
+-- Sequence parallelism: the norms' weights saw this rank's chunk of the
+-- tokens, so their gradients (or their FSDP shards') are summed over the
+-- tp ranks, in one buffer.
+function Trainer:reduce_partial_grads(params)
+  local tpp, fsdp = self.tp_plan, self.fsdp
+  local partial = fsdp and fsdp:shards_of(tpp.partial) or tpp.partial
+  local grads, n = {}, 0
+  for _, p in ipairs(params) do
+    if partial[p] and p.grad then
+      grads[#grads + 1] = p.grad
+      n = n + p.grad:numel()
+    end
+  end
+  if n == 0 then return end
+  titan.scope(function()
+    local flat = titan.empty({ n }, { dtype = grads[1]:dtype(), device = grads[1]:device() })
+    local off = 1
+    for _, g in ipairs(grads) do
+      flat:narrow(1, off, g:numel()):copy_(g:reshape(g:numel()))
+      off = off + g:numel()
+    end
+    tpp.group:all_reduce(flat, "sum")
+    off = 1
+    for _, g in ipairs(grads) do
+      g:copy_(flat:narrow(1, off, g:numel()):reshape(g:shape()))
+      off = off + g:numel()
+    end
+  end)
+end
+
 -- The largest signal number any rank has pending (nil: none), so that all
 -- ranks take the same stop-or-go decision at a step boundary.
 function Trainer:agree_signal(signum)
@@ -683,6 +726,7 @@ function Trainer:train(until_step)
     local factor = self.schedule.factor(step)
     self.optimizer:set_lr_factor(factor)
     local loss, ntok = self:train_step(step)
+    if self.tp_plan and self.tp_plan.partial then self:reduce_partial_grads(params) end
     if self.pp_group then loss = self.pp_group:sum_numbers({ loss })[1] end -- (the last stage's)
     if self.fsdp then
       loss = self.dp:sum_numbers({ loss })[1] -- (the gradients were reduce-scattered in the backward)

@@ -229,7 +229,8 @@ describe("FSDP over MPI", function()
 end)
 
 describe("tensor parallelism over MPI", function()
-  it("tp 2, with activation checkpointing, and tp 2 x DDP 2 train the losses of one process", function()
+  it("tp 2 (sequence parallel, with activation checkpointing) and tp 2 x DDP 2 (without) train the losses of one "
+    .. "process", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
     local steps = "--training.steps=3"
     local val = VAL
@@ -239,8 +240,10 @@ describe("tensor parallelism over MPI", function()
       "--activation_checkpoint.mode=full" })))
     assert.truthy(out:find("tensor parallel: 2 ranks per replica", 1, true), out)
     assert.truthy(out:find("x 1 accumulation = 128 tokens/step", 1, true), out)
+    assert.truthy(out:find("(sequence parallel: norms and the residual stream split along the sequence", 1, true), out)
     out = run_ok(train_cmd(4, tpdp, with(val, { steps, "--training.local_batch_size=2", "--parallelism.tp=2",
-      "--parallelism.dp_replicate=2", "--parallelism.dp_shard=1" })))
+      "--parallelism.dp_replicate=2", "--parallelism.dp_shard=1", "--parallelism.sequence_parallel=false" })))
+    assert.truthy(out:find("(two all-reduces of the activations per block each way)", 1, true), out)
     assert.truthy(out:find("data parallel: 2 ranks (DDP", 1, true), out)
     local a = losses(one)
     for name, dump in pairs({ tp2 = tp2, tpdp = tpdp }) do
@@ -427,6 +430,9 @@ describe("launcher and layout errors", function()
     one_line(exe .. " " .. base .. "--parallelism.pp=2", "parallelism.pp = 2, but the job has 1 rank(s); expected pp "
       .. "to divide the number of ranks")
     local two, four = fake, "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4 "
+    one_line(two .. exe .. " " .. base .. "--parallelism.tp=2 --training.seq_len=33", "training.seq_len = 33 does "
+      .. "not split into parallelism.tp = 2 chunks (sequence parallelism); expected a multiple of 2, or "
+      .. "--parallelism.sequence_parallel=false")
     one_line(two .. exe .. " " .. base .. "--parallelism.pp=2 --parallelism.tp=2", "parallelism.tp x pp = 2 x 2, but "
       .. "the job has 2 rank(s); expected their product to divide the number of ranks")
     one_line(four .. exe .. " " .. base .. "--parallelism.pp=4 "

@@ -68,10 +68,18 @@ describe("tensor parallelism (fake backend)", function()
     ref:free(); model:free()
   end)
 
-  it("at world 1 gives the plain model's gradients bit for bit", function()
-    local function grads(wrap)
+  it("at world 1 gives the plain model's gradients bit for bit, with and without sequence parallelism", function()
+    local function grads(wrap, sp)
       local model = llama.build(ARGS, { device = "cpu", seed = 2 })
-      if wrap then tp.apply(model, dist.new_group({ backend = "fake", rank = 0, world = 1 }), llama.tp_plan) end
+      if wrap then
+        local plan = tp.apply(model, dist.new_group({ backend = "fake", rank = 0, world = 1 }), llama.tp_plan,
+          { sequence_parallel = sp })
+        -- (the norms' weights: their gradients come from a chunk of the tokens under SP)
+        local n = 0
+        for _ in pairs(plan.partial or {}) do n = n + 1 end
+        assert.are.equal(sp and 2 * ARGS.n_layers + 1 or 0, n)
+        assert.are.equal(sp and true or nil, plan.partial and plan.partial[model.norm.weight])
+      end
       local ids = titan.tensor({ { 1, 5, 9, 13, 17, 21, 25, 29 }, { 2, 4, 8, 16, 32, 64, 3, 6 } }, { dtype = "int64" })
       titan.scope(function()
         titan.F.cross_entropy(model(ids):reshape(-1, 96), ids:reshape(-1)):backward()
@@ -81,7 +89,9 @@ describe("tensor parallelism (fake backend)", function()
       ids:free(); model:free()
       return out
     end
-    assert.are.same(grads(false), grads(true))
+    local plain = grads(false)
+    assert.are.same(plain, grads(true))
+    assert.are.same(plain, grads(true, true))
   end)
 
   it("sizes that do not split are one line", function()
