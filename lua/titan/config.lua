@@ -412,6 +412,9 @@ function M.validate(cfg)
   local mbs = par.pipeline_parallel_microbatch_size
   need(mbs >= 1 and mbs % 1 == 0 and t.local_batch_size % mbs == 0, ("parallelism.pipeline_parallel_microbatch_size "
     .. "= %s must be a positive divisor of training.local_batch_size = %d"):format(tostring(mbs), t.local_batch_size))
+  local lps = par.pipeline_parallel_layers_per_stage
+  need(lps == -1 or (lps >= 1 and lps % 1 == 0), ("parallelism.pipeline_parallel_layers_per_stage = %s; expected a "
+    .. "positive number of blocks or -1"):format(tostring(lps)))
   local raf = cfg.parallelism.fsdp_reshard_after_forward
   need(require("parallel.fsdp").policies[raf], "parallelism.fsdp_reshard_after_forward must be default, always or "
     .. "never, got '" .. tostring(raf) .. "'")

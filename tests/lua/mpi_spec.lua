@@ -445,6 +445,8 @@ describe("launcher and layout errors", function()
       "parallelism.pp = 2, but llama3 1B: the flavor ties the output layer to the embedding")
     one_line(exe .. " " .. base .. "--parallelism.pipeline_parallel_microbatch_size=3",
       "pipeline_parallel_microbatch_size = 3 must be a positive divisor of training.local_batch_size")
+    one_line(exe .. " " .. base .. "--parallelism.pipeline_parallel_layers_per_stage=0",
+      "pipeline_parallel_layers_per_stage = 0; expected a positive number of blocks or -1")
     one_line(exe .. " " .. base .. "--parallelism.pipeline_parallel_schedule=1f1b",
       "pipeline_parallel_schedule must be GPipe, 1F1B or Interleaved1F1B, got '1f1b'")
     -- (checked before any process group: one line, from the launcher's variables alone)
