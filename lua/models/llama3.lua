@@ -194,6 +194,8 @@ M.tp_plan = {
   -- sequence parallelism: the embedding's output is split along the sequence,
   -- the final norm's gathered; the blocks' norms see a chunk of the tokens each
   sequence = { enter = "tok_embeddings", exit = "norm", norms = { "attention_norm", "ffn_norm" } },
+  -- loss parallelism: the output layer split by vocabulary rows (a tied flavor has none to split)
+  output = "output",
   -- each rank takes whole heads (and whole groups of query heads per kv head)
   check = function(a, tp)
     if a.n_kv_heads % tp ~= 0 then

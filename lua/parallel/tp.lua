@@ -32,6 +32,7 @@
 -- check of its sizes); this file knows no model.
 local autograd = require("titan.autograd")
 local memory = require("titan.memory")
+local tensor = require("titan.tensor")
 
 local M = {}
 
@@ -102,6 +103,70 @@ local SeqEnter = seq_function("sp_enter", chunk_seq, gather_seq)
 -- keeps its chunk.
 local SeqExit = seq_function("sp_exit", gather_seq, chunk_seq)
 
+-- ---- the vocabulary-parallel loss -------------------------------------------
+-- (Megatron's vocab-parallel cross-entropy, TorchTitan's loss parallel.) The
+-- output layer is split by vocabulary rows, so each rank has the logits of
+-- its V/tp tokens for every position; the loss is computed from them
+-- without gathering them: each row's maximum and sum of exponentials are
+-- combined over the ranks (an all-reduce max, one sum), and each target's
+-- logit comes from the rank that holds it (one more sum). The backward is
+-- each rank's slice of softmax - onehot, with no communication. With the
+-- output layer split, the gradient of its input is a partial sum over the
+-- ranks: the final norm's output enters it through f (or, under sequence
+-- parallelism, through the all-gather whose backward reduce-scatters).
+
+local VocabCE = autograd.Function {
+  name = "tp_vocab_parallel_cross_entropy",
+  -- logits [N, n] (this rank's vocabulary slice); at [N, 1]: index of each
+  -- target in the slice (0 when elsewhere), here (1 when in it), valid (1
+  -- unless ignored); factor: the reduction's scale.
+  forward = function(ctx, logits, at, here, valid, group, factor)
+    local m = logits:max(2, true)
+    group:all_reduce(m, "max")
+    local s = (logits - m):exp():sum(2, true)
+    group:all_reduce(s, "sum")
+    local lse = s:log() + m
+    local tl = logits:gather(2, at) * here
+    group:all_reduce(tl, "sum")
+    ctx:save_for_backward(logits, lse, at, here, valid)
+    ctx.factor = factor
+    return ((lse - tl) * valid):sum() * factor
+  end,
+  backward = function(ctx, g)
+    local logits, lse, at, here, valid = unpack(ctx.saved_tensors)
+    local p = (logits - lse):exp()
+    p:scatter_add_(2, at, -here)
+    return p * (valid * (g:item() * ctx.factor))
+  end,
+}
+
+-- loss, count of the targets that are not ignored. logits: [N, V/tp] of the
+-- ranks' slices in rank order; targets: [N] int64 (the same on every rank).
+-- opts: ignore_index (-100), reduction ("mean" | "sum"), num_tokens (the
+-- mean's denominator; default: the count).
+function M.cross_entropy(logits, targets, group, opts)
+  opts = opts or {}
+  local ignore = opts.ignore_index or -100
+  local N, n = logits:size(1), logits:size(2)
+  local offset = group:rank() * n
+  local at, here, valid, count = {}, {}, {}, 0
+  for i, t in ipairs(targets:tolist_flat()) do
+    local l = t - offset
+    local ok = t ~= ignore
+    if ok then count = count + 1 end
+    valid[i] = ok and 1 or 0
+    local mine = ok and l >= 0 and l < n
+    at[i], here[i] = mine and l or 0, mine and 1 or 0
+  end
+  local dt, dev = logits:dtype(), logits:device()
+  local denom = (opts.reduction or "mean") == "mean" and (opts.num_tokens or count) or 1
+  local loss = memory.scope(function()
+    local function col(list, dtype) return tensor.tensor(list, { dtype = dtype, device = dev }):reshape(N, 1) end
+    return VocabCE(logits, col(at, "int64"), col(here, dt), col(valid, dt), group, denom > 0 and 1 / denom or 0)
+  end)
+  return loss, count
+end
+
 local function resolve(block, path)
   local m = block
   for part in path:gmatch("[^.]+") do
@@ -169,6 +234,9 @@ function M.apply(model, group, plan, opts)
   if sp and not plan.sequence then error("tp: the model family's tp_plan has no `sequence` (sequence parallelism)", 0) end
   local layers = rawget(model, "layers")
   local out = { boxes = {}, sharded = {}, group = group, partial = sp and {} or nil, sequence_parallel = sp }
+  -- (loss parallel needs an output layer of its own: not with tied embeddings)
+  local lp = opts and opts.loss_parallel and plan.output and true or false
+  out.loss_parallel = lp
   local into, outof = sp and SeqGatherIn or CopyIn, sp and SeqScatterOut or ReduceOut
   for _, bname in ipairs(layers._children) do
     local block = layers[bname]
@@ -193,23 +261,31 @@ function M.apply(model, group, plan, opts)
       for _, path in ipairs(plan.sequence.norms) do out.partial[rawget(resolve(block, path), "weight")] = true end
     end
   end
-  if sp then
-    -- (a pipeline stage may hold neither: its input arrives split, its output leaves split)
-    local enter, exit = rawget(model, plan.sequence.enter), rawget(model, plan.sequence.exit)
-    if enter then
-      local forward = enter.forward
-      rawset(enter, "forward", function(self, ...) return SeqEnter(forward(self, ...), group) end)
-    end
-    if exit then
-      out.partial[rawget(exit, "weight")] = true
-      local forward, add_forward = exit.forward, exit.add_forward
-      rawset(exit, "forward", function(self, ...) return SeqExit(forward(self, ...), group) end)
-      if add_forward then
-        rawset(exit, "add_forward", function(self, ...)
-          local x, y = add_forward(self, ...)
-          return x, SeqExit(y, group)
-        end)
-      end
+  -- (a pipeline stage may hold neither end: its input arrives split, its output leaves split)
+  local output = lp and rawget(model, plan.output)
+  if output then
+    local gshape, off = split(output, plan.output .. ".weight", 1, tp, rank, init)
+    out.boxes[plan.output .. ".weight"] = { gshape, off }
+    out.sharded[rawget(output, "weight")] = true
+  end
+  local enter = sp and rawget(model, plan.sequence.enter)
+  if enter then
+    local forward = enter.forward
+    rawset(enter, "forward", function(self, ...) return SeqEnter(forward(self, ...), group) end)
+  end
+  local exit = (sp or output) and rawget(model, plan.sequence.exit)
+  if exit then
+    if sp then out.partial[rawget(exit, "weight")] = true end
+    -- The final norm's output into the output layer: gathered along the
+    -- sequence under SP; with the layer split, its gradient summed over the ranks.
+    local via = output and (sp and SeqGatherIn or CopyIn) or SeqExit
+    local forward, add_forward = exit.forward, exit.add_forward
+    rawset(exit, "forward", function(self, ...) return via(forward(self, ...), group) end)
+    if add_forward then
+      rawset(exit, "add_forward", function(self, ...)
+        local x, y = add_forward(self, ...)
+        return x, via(y, group)
+      end)
     end
   end
   for _, np in ipairs(model:named_parameters()) do materialize(np[2], np[1], init) end -- the whole ones
@@ -227,7 +303,7 @@ end
 function M.combine(list)
   if #list == 1 then return list[1] end
   local out = { boxes = {}, sharded = {}, group = list[1].group, sequence_parallel = list[1].sequence_parallel,
-    partial = list[1].partial and {} or nil }
+    partial = list[1].partial and {} or nil, loss_parallel = list[1].loss_parallel }
   for _, p in ipairs(list) do
     for k, v in pairs(p.boxes) do out.boxes[k] = v end
     for k in pairs(p.sharded) do out.sharded[k] = true end

@@ -90,6 +90,7 @@ M.defaults = {
     fsdp_reshard_after_forward = "default", -- default | always | never (lua/parallel/fsdp.lua)
     tp = 1,
     sequence_parallel = true,                   -- with tp > 1: norms and residual stream split along the sequence
+    loss_parallel = true,                       -- with tp > 1: output layer split by vocabulary, loss from the slices
     pp = 1,
     pipeline_parallel_schedule = "1F1B",        -- GPipe | 1F1B | Interleaved1F1B (lua/parallel/pp.lua)
     pipeline_parallel_microbatch_size = 1,      -- rows of local_batch_size per pipeline micro-batch
@@ -169,6 +170,8 @@ M.descriptions = {
   ["parallelism.tp"] = "tensor-parallel degree: each block's heads and feed-forward split over tp ranks",
   ["parallelism.sequence_parallel"] =
     "with tp > 1, split the norms and the residual stream along the sequence (Megatron's SP; seq_len % tp == 0)",
+  ["parallelism.loss_parallel"] =
+    "with tp > 1, split the output layer by vocabulary and compute the loss from the slices (the default loss only)",
   ["parallelism.pp"] = "pipeline-parallel degree: the blocks split into stages held by pp ranks in turn",
   ["parallelism.pipeline_parallel_schedule"] = "GPipe, 1F1B or Interleaved1F1B (several stages per rank)",
   ["parallelism.pipeline_parallel_microbatch_size"] =

@@ -28,6 +28,11 @@ local M = {}
 -- batch is split).
 function M.loss_fn(logits, targets, ctx)
   local V = logits:size(-1)
+  local tr = ctx.trainer
+  if tr and tr.loss_parallel then -- (logits of this rank's vocabulary slice: lua/parallel/tp.lua)
+    return (require("parallel.tp").cross_entropy(logits:reshape(-1, V), targets:reshape(-1), tr.tp_group,
+      { num_tokens = ctx.num_tokens }))
+  end
   return F.cross_entropy(logits:reshape(-1, V), targets:reshape(-1), { num_tokens = ctx.num_tokens })
 end
 
@@ -239,6 +244,14 @@ function M.new(cfg, opts)
   if self.tp > 1 then
     require("parallel.tp").check(model, family.tp_plan, self.tp)
     self.sequence_parallel = cfg.parallelism.sequence_parallel
+    -- Loss parallelism needs the default loss (a recipe's loss_fn takes whole logits) and an
+    -- output layer of its own (not tied to the embedding).
+    local lp = cfg.parallelism.loss_parallel
+    self.loss_parallel = lp and not cfg.loss_fn and family.tp_plan.output ~= nil and not model.args.tie_embeddings
+    if lp and not self.loss_parallel then
+      self.loss_parallel_off = cfg.loss_fn and "the recipe's loss_fn takes whole logits"
+        or "the flavor ties the output layer to the embedding"
+    end
     if self.sequence_parallel and t.seq_len % self.tp ~= 0 then
       error(("trainer: training.seq_len = %d does not split into parallelism.tp = %d chunks (sequence parallelism); "
         .. "expected a multiple of %d, or --parallelism.sequence_parallel=false"):format(t.seq_len, self.tp, self.tp), 0)
@@ -304,7 +317,7 @@ function M.new(cfg, opts)
         if self.tp > 1 then
           plans[#plans + 1] = require("parallel.tp").apply(st.model, self.tp_group, family.tp_plan,
             { init = function(names) family.init_weights(st.model, t.seed, names) end,
-              sequence_parallel = self.sequence_parallel })
+              sequence_parallel = self.sequence_parallel, loss_parallel = self.loss_parallel })
         end
       else
         st.model:to_empty(t.device)
@@ -316,7 +329,7 @@ function M.new(cfg, opts)
     -- (each weight is whole only while this rank takes its slice, one at a time)
     model:to_empty(t.device, { params_storage = false })
     self.tp_plan = require("parallel.tp").apply(model, self.tp_group, family.tp_plan, { init = init,
-      sequence_parallel = self.sequence_parallel })
+      sequence_parallel = self.sequence_parallel, loss_parallel = self.loss_parallel })
   elseif self.dp_shard <= 1 then
     model:to_empty(t.device)
     family.init_weights(model, t.seed)
@@ -502,9 +515,11 @@ function Trainer:banner()
   end
   if self.tp_plan then
     self.print(("tensor parallel: %d ranks per replica split each block's heads and feed-forward units (%s); tps "
-      .. "and MFU are per rank"):format(self.tp, self.sequence_parallel and "sequence parallel: norms and the "
+      .. "and MFU are per rank"):format(self.tp, (self.sequence_parallel and "sequence parallel: norms and the "
       .. "residual stream split along the sequence, an all-gather into and a reduce-scatter out of each half-block"
-      or "two all-reduces of the activations per block each way"))
+      or "two all-reduces of the activations per block each way") .. (self.loss_parallel and "; loss parallel: "
+      .. "the output layer split by vocabulary, the loss from the slices" or (self.loss_parallel_off and
+      ("; loss parallel off: " .. self.loss_parallel_off) or ""))))
   end
   if self.pipe then
     local L, parts = self.pipe.layout, {}
@@ -533,7 +548,13 @@ function Trainer:validate()
   local total, ntok = 0, 0
   local function add(logits, targets)
     local V = logits:size(-1)
-    local loss, n = F.cross_entropy(logits:reshape(-1, V), targets:reshape(-1), { reduction = "sum" })
+    local loss, n
+    if self.loss_parallel then
+      loss, n = require("parallel.tp").cross_entropy(logits:reshape(-1, V), targets:reshape(-1), self.tp_group,
+        { reduction = "sum" })
+    else
+      loss, n = F.cross_entropy(logits:reshape(-1, V), targets:reshape(-1), { reduction = "sum" })
+    end
     total = total + loss:item()
     ntok = ntok + n
   end

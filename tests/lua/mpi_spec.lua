@@ -229,8 +229,8 @@ describe("FSDP over MPI", function()
 end)
 
 describe("tensor parallelism over MPI", function()
-  it("tp 2 (sequence parallel, with activation checkpointing) and tp 2 x DDP 2 (without) train the losses of one "
-    .. "process", function()
+  it("tp 2 (sequence and loss parallel, with activation checkpointing) and tp 2 x DDP 2 (neither) train the "
+    .. "losses of one process", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
     local steps = "--training.steps=3"
     local val = VAL
@@ -241,8 +241,11 @@ describe("tensor parallelism over MPI", function()
     assert.truthy(out:find("tensor parallel: 2 ranks per replica", 1, true), out)
     assert.truthy(out:find("x 1 accumulation = 128 tokens/step", 1, true), out)
     assert.truthy(out:find("(sequence parallel: norms and the residual stream split along the sequence", 1, true), out)
+    assert.truthy(out:find("; loss parallel: the output layer split by vocabulary, the loss from the slices)", 1, true),
+      out)
     out = run_ok(train_cmd(4, tpdp, with(val, { steps, "--training.local_batch_size=2", "--parallelism.tp=2",
-      "--parallelism.dp_replicate=2", "--parallelism.dp_shard=1", "--parallelism.sequence_parallel=false" })))
+      "--parallelism.dp_replicate=2", "--parallelism.dp_shard=1", "--parallelism.sequence_parallel=false",
+      "--parallelism.loss_parallel=false" })))
     assert.truthy(out:find("(two all-reduces of the activations per block each way)", 1, true), out)
     assert.truthy(out:find("data parallel: 2 ranks (DDP", 1, true), out)
     local a = losses(one)

@@ -94,6 +94,33 @@ describe("tensor parallelism (fake backend)", function()
     assert.are.same(plain, grads(true, true))
   end)
 
+  it("the vocabulary-parallel loss at world 1 is cross-entropy: values, ignored targets, gradients", function()
+    local g1 = dist.new_group({ backend = "fake", rank = 0, world = 1 })
+    local vals = {}
+    for i = 1, 5 * 7 do vals[i] = math.sin(i * 1.7) * 3 end
+    local function run(parallel, reduction)
+      local logits = titan.tensor(vals):reshape(5, 7)
+      logits.requires_grad = true
+      local targets = titan.tensor({ 3, -100, 0, 6, 2 }, { dtype = "int64" })
+      local loss, n
+      if parallel then
+        loss, n = tp.cross_entropy(logits, targets, g1, { reduction = reduction })
+      else
+        loss, n = titan.F.cross_entropy(logits, targets, { reduction = reduction })
+      end
+      loss:backward()
+      return loss:item(), n, flat(logits.grad)
+    end
+    for _, r in ipairs({ "mean", "sum" }) do
+      local a, na, ga = run(false, r)
+      local b, nb, gb = run(true, r)
+      assert.are.equal(4, na)
+      assert.are.equal(na, nb)
+      assert.is_true(math.abs(a - b) <= 1e-6 * math.abs(a), ("%s: %.9g vs %.9g"):format(r, a, b))
+      for i = 1, #ga do assert.is_true(math.abs(ga[i] - gb[i]) <= 1e-6, ("%s grad %d"):format(r, i)) end
+    end
+  end)
+
   it("sizes that do not split are one line", function()
     local model = llama.build(ARGS, { device = "meta" })
     local ok, e = pcall(tp.check, model, llama.tp_plan, 4)
