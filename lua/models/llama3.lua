@@ -196,6 +196,8 @@ M.tp_plan = {
   sequence = { enter = "tok_embeddings", exit = "norm", norms = { "attention_norm", "ffn_norm" } },
   -- loss parallelism: the output layer split by vocabulary rows (a tied flavor has none to split)
   output = "output",
+  -- the embedding split by vocabulary rows (an untied flavor)
+  embedding = "tok_embeddings",
   -- each rank takes whole heads (and whole groups of query heads per kv head)
   check = function(a, tp)
     if a.n_kv_heads % tp ~= 0 then

@@ -7,9 +7,10 @@
 -- whose backward all-reduces the gradient (Megatron's f), its output
 -- leaves through an all-reduce whose backward is the identity (g): two
 -- all-reduces of the activations per block in the forward, two in the
--- backward. Embeddings, norms and the output projection stay whole on
--- every rank, which computes them on the same values: their gradients
--- agree without communication.
+-- backward. Norms stay whole on every rank. The embedding and the output
+-- layer are split by vocabulary rows (opts.vocab_parallel, opts.loss_parallel,
+-- below); left whole (a tied flavor), every rank computes them on the same
+-- values and their gradients agree without communication.
 --
 --   local tp = require("parallel.tp")
 --   local plan = tp.apply(model, tp_group, family.tp_plan)   -- materialized, initialized model
@@ -33,6 +34,7 @@
 local autograd = require("titan.autograd")
 local memory = require("titan.memory")
 local tensor = require("titan.tensor")
+local F = require("titan.functional")
 
 local M = {}
 
@@ -268,7 +270,40 @@ function M.apply(model, group, plan, opts)
     out.boxes[plan.output .. ".weight"] = { gshape, off }
     out.sharded[rawget(output, "weight")] = true
   end
-  local enter = sp and rawget(model, plan.sequence.enter)
+  -- The embedding split by vocabulary rows (opts.vocab_parallel; an untied
+  -- flavor: TorchTitan's rowwise embedding): each rank looks up the ids in
+  -- its rows, zeros elsewhere, and the sum over the ranks is the embedding
+  -- (an all-reduce; under SP the reduce-scatter that leaves each rank its
+  -- chunk of the sequence).
+  local emb = opts and opts.vocab_parallel and plan.embedding and rawget(model, plan.embedding)
+  if emb then
+    local name = plan.embedding .. ".weight"
+    local gshape, off = split(emb, name, 1, tp, rank, init)
+    out.boxes[name] = { gshape, off }
+    out.sharded[rawget(emb, "weight")] = true
+    local n = gshape[1] / tp
+    emb.num_embeddings = n
+    local leave = sp and SeqScatterOut or ReduceOut
+    rawset(emb, "forward", function(self, ids)
+      local w = rawget(self, "weight")
+      local at, here = {}, {}
+      for i, t in ipairs(ids:tolist_flat()) do
+        local l = t - off[1]
+        local mine = l >= 0 and l < n
+        at[i], here[i] = mine and l or 0, mine and 1 or 0
+      end
+      local y = memory.scope(function()
+        local shape = ids:shape()
+        local mshape = { unpack(shape) }
+        mshape[#mshape + 1] = 1
+        local mine = tensor.tensor(at, { dtype = "int64", device = ids:device() }):reshape(shape)
+        local mask = tensor.tensor(here, { dtype = w:dtype(), device = w:device() }):reshape(mshape)
+        return F.embedding(w, mine) * mask
+      end)
+      return leave(y, group)
+    end)
+  end
+  local enter = sp and not emb and rawget(model, plan.sequence.enter)
   if enter then
     local forward = enter.forward
     rawset(enter, "forward", function(self, ...) return SeqEnter(forward(self, ...), group) end)

@@ -248,6 +248,8 @@ function M.new(cfg, opts)
     -- output layer of its own (not tied to the embedding).
     local lp = cfg.parallelism.loss_parallel
     self.loss_parallel = lp and not cfg.loss_fn and family.tp_plan.output ~= nil and not model.args.tie_embeddings
+    -- (the embedding is split by vocabulary too, unless it is also the output layer)
+    self.vocab_parallel = not model.args.tie_embeddings
     if lp and not self.loss_parallel then
       self.loss_parallel_off = cfg.loss_fn and "the recipe's loss_fn takes whole logits"
         or "the flavor ties the output layer to the embedding"
@@ -317,7 +319,8 @@ function M.new(cfg, opts)
         if self.tp > 1 then
           plans[#plans + 1] = require("parallel.tp").apply(st.model, self.tp_group, family.tp_plan,
             { init = function(names) family.init_weights(st.model, t.seed, names) end,
-              sequence_parallel = self.sequence_parallel, loss_parallel = self.loss_parallel })
+              sequence_parallel = self.sequence_parallel, loss_parallel = self.loss_parallel,
+              vocab_parallel = self.vocab_parallel })
         end
       else
         st.model:to_empty(t.device)
@@ -329,7 +332,8 @@ function M.new(cfg, opts)
     -- (each weight is whole only while this rank takes its slice, one at a time)
     model:to_empty(t.device, { params_storage = false })
     self.tp_plan = require("parallel.tp").apply(model, self.tp_group, family.tp_plan, { init = init,
-      sequence_parallel = self.sequence_parallel, loss_parallel = self.loss_parallel })
+      sequence_parallel = self.sequence_parallel, loss_parallel = self.loss_parallel,
+      vocab_parallel = self.vocab_parallel })
   elseif self.dp_shard <= 1 then
     model:to_empty(t.device)
     family.init_weights(model, t.seed)
@@ -517,7 +521,8 @@ function Trainer:banner()
     self.print(("tensor parallel: %d ranks per replica split each block's heads and feed-forward units (%s); tps "
       .. "and MFU are per rank"):format(self.tp, (self.sequence_parallel and "sequence parallel: norms and the "
       .. "residual stream split along the sequence, an all-gather into and a reduce-scatter out of each half-block"
-      or "two all-reduces of the activations per block each way") .. (self.loss_parallel and "; loss parallel: "
+      or "two all-reduces of the activations per block each way") .. (self.vocab_parallel and "; the embedding "
+      .. "split by vocabulary" or "") .. (self.loss_parallel and "; loss parallel: "
       .. "the output layer split by vocabulary, the loss from the slices" or (self.loss_parallel_off and
       ("; loss parallel off: " .. self.loss_parallel_off) or ""))))
   end

@@ -246,7 +246,8 @@ describe("tensor parallelism over MPI", function()
     out = run_ok(train_cmd(4, tpdp, with(val, { steps, "--training.local_batch_size=2", "--parallelism.tp=2",
       "--parallelism.dp_replicate=2", "--parallelism.dp_shard=1", "--parallelism.sequence_parallel=false",
       "--parallelism.loss_parallel=false" })))
-    assert.truthy(out:find("(two all-reduces of the activations per block each way)", 1, true), out)
+    assert.truthy(out:find("(two all-reduces of the activations per block each way; the embedding split by "
+      .. "vocabulary)", 1, true), out)
     assert.truthy(out:find("data parallel: 2 ranks (DDP", 1, true), out)
     local a = losses(one)
     for name, dump in pairs({ tp2 = tp2, tpdp = tpdp }) do
