@@ -387,8 +387,14 @@ find_cuda_libs() {
   echo "  nvcc: $nvcc"
   CUDA_CMAKE_ARGS+=" -DTITAN_NVCC=$nvcc -DCMAKE_CUDA_COMPILER=$nvcc"
   cuda_root="$(cd "$(dirname "$nvcc")/.." && pwd -P)"
-  local tk_libs=("$cuda_root/lib64" "$cuda_root/lib" "$cuda_root/targets/x86_64-linux/lib" "/usr/lib/$MULTIARCH" /usr/lib64 /usr/local/lib)
-  local tk_incs=("$cuda_root/include" "$cuda_root/targets/x86_64-linux/include" /usr/include /usr/local/include)
+  # (the system folders: GPU_CHECK_SYSTEM_LIBDIRS / _INCDIRS override them, so that
+  # tests/lua/gpu_check_spec.lua's stand-in installs are not outvoted by a real
+  # cuDNN on the machine running it)
+  local sys_libs=() sys_incs=()
+  read -r -a sys_libs <<<"${GPU_CHECK_SYSTEM_LIBDIRS-/usr/lib/$MULTIARCH /usr/lib64 /usr/local/lib}"
+  read -r -a sys_incs <<<"${GPU_CHECK_SYSTEM_INCDIRS-/usr/include /usr/local/include}"
+  local tk_libs=("$cuda_root/lib64" "$cuda_root/lib" "$cuda_root/targets/x86_64-linux/lib" "${sys_libs[@]}")
+  local tk_incs=("$cuda_root/include" "$cuda_root/targets/x86_64-linux/include" "${sys_incs[@]}")
   local site
   site="$(python3 -c 'import nvidia, os; print("\n".join(os.path.realpath(p) for p in nvidia.__path__))' 2>/dev/null || true)"
   while IFS= read -r d; do [ -n "$d" ] && wheel_dirs+=("$d"); done <<<"$site"

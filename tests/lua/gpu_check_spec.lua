@@ -45,7 +45,9 @@ describe("gpu_check.sh", function()
       touch("cuda/bin/nvcc")
       os.execute("chmod +x " .. q(root .. "/cuda/bin/nvcc"))
       touch("py/nvidia/__init__.py")
-      local out, rc = sh(("env PATH=%s:/usr/bin:/bin PYTHONPATH=%s bash -c %s"):format(q(root .. "/cuda/bin"),
+      -- (no system folders: a real cuDNN or NCCL on this machine must not outvote the stand-ins)
+      local out, rc = sh(("env PATH=%s:/usr/bin:/bin PYTHONPATH=%s GPU_CHECK_SYSTEM_LIBDIRS= GPU_CHECK_SYSTEM_INCDIRS= "
+        .. "bash -c %s"):format(q(root .. "/cuda/bin"),
         q(root .. "/py"), q("source " .. script .. " && find_cuda_libs && echo \"ARGS=$CUDA_CMAKE_ARGS\" && "
           .. "echo \"LIBDIRS=$CUDA_EXTRA_LIBDIRS\"")))
       assert.are.equal(0, rc, out)
