@@ -361,7 +361,7 @@ end
 -- methods over all of them, in order.
 function M.combine(list)
   if #list == 1 then return list[1] end
-  local c = setmetatable({ parts = list, group = list[1].group, stats = list[1].stats }, { __index = FSDP })
+  local c = setmetatable({ parts = list, group = list[1].group }, { __index = FSDP })
   local function concat(method)
     return function()
       local out = {}

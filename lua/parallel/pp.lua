@@ -254,20 +254,12 @@ function Stages:init(stages)
   self._stages = stages
   self.args = stages[1].model.args
 end
-function Stages:named_parameters(prefix, out)
-  out = out or {}
-  for _, st in ipairs(self._stages) do st.model:named_parameters(prefix, out) end
-  return out
-end
-function Stages:named_buffers(prefix, out)
-  out = out or {}
-  for _, st in ipairs(self._stages) do st.model:named_buffers(prefix, out) end
-  return out
-end
-function Stages:named_modules(prefix, out)
-  out = out or {}
-  for _, st in ipairs(self._stages) do st.model:named_modules(prefix, out) end
-  return out
+for _, method in ipairs({ "named_parameters", "named_buffers", "named_modules" }) do
+  Stages[method] = function(self, prefix, out)
+    out = out or {}
+    for _, st in ipairs(self._stages) do st.model[method](st.model, prefix, out) end
+    return out
+  end
 end
 function Stages:forward() error("pp: a pipeline's stages run through Pipeline:step, not as one model", 2) end
 M.Stages = Stages
@@ -303,8 +295,8 @@ function Pipeline:actions(nmb)
 end
 
 -- The tags of the two flows into stage s: activations, gradients.
-local function tag_f(self, s) return s end
-local function tag_b(self, s) return self.layout.S + s end
+function Pipeline:tag_f(s) return s end
+function Pipeline:tag_b(s) return self.layout.S + s end
 
 function Pipeline:boundary(mb, dtype, device)
   return titan.empty({ mb.inputs:size(1), mb.inputs:size(2) / self.seq_shards, self.dim },
@@ -330,7 +322,7 @@ function Pipeline:step(mbs, loss_fn, ctx)
       if a.op == "F" then
         local x = mb.inputs
         if not st.first then
-          x = self.group:recv(self:boundary(mb, dtype, device), owner(a.stage - 1), tag_f(self, a.stage))
+          x = self.group:recv(self:boundary(mb, dtype, device), owner(a.stage - 1), self:tag_f(a.stage))
           x.requires_grad = true
           ins[key] = x
         end
@@ -342,7 +334,7 @@ function Pipeline:step(mbs, loss_fn, ctx)
         if st.last then
           loss_sum = loss_sum + out:item()
         else
-          works[#works + 1] = self.group:isend(out, owner(a.stage + 1), tag_f(self, a.stage + 1))
+          works[#works + 1] = self.group:isend(out, owner(a.stage + 1), self:tag_f(a.stage + 1))
         end
         outs[key] = out
       else
@@ -352,7 +344,7 @@ function Pipeline:step(mbs, loss_fn, ctx)
           if st.last then
             out:backward()
           else
-            local g = self.group:recv(self:boundary(mb, dtype, device), owner(a.stage + 1), tag_b(self, a.stage))
+            local g = self.group:recv(self:boundary(mb, dtype, device), owner(a.stage + 1), self:tag_b(a.stage))
             out:backward(g)
           end
         end)
@@ -360,7 +352,7 @@ function Pipeline:step(mbs, loss_fn, ctx)
         local x = ins[key]
         if x then
           ins[key] = nil
-          works[#works + 1] = self.group:isend(x.grad, owner(a.stage - 1), tag_b(self, a.stage - 1))
+          works[#works + 1] = self.group:isend(x.grad, owner(a.stage - 1), self:tag_b(a.stage - 1))
           x:free() -- (and its .grad: the send holds its own reference)
         end
       end
@@ -387,13 +379,13 @@ function Pipeline:forward_only(mbs, f)
           titan.scope(function()
             local x = mb.inputs
             if not st.first then
-              x = self.group:recv(self:boundary(mb, dtype, device), (st.id - 1) % P, tag_f(self, st.id))
+              x = self.group:recv(self:boundary(mb, dtype, device), (st.id - 1) % P, self:tag_f(st.id))
             end
             local y = st.model(x)
             if st.last then
               f(y, mb.targets)
             else
-              works[#works + 1] = self.group:isend(y, (st.id + 1) % P, tag_f(self, st.id + 1))
+              works[#works + 1] = self.group:isend(y, (st.id + 1) % P, self:tag_f(st.id + 1))
             end
             if x ~= mb.inputs then x:free() end
             y:free()

@@ -227,13 +227,17 @@ end
 -- false})) and opts.init(names) to initialize a set of them the same on
 -- every rank: then each is whole only while its slice is taken, one at a
 -- time. group: the tp ranks. plan: { regions = {...}, colwise = {...},
--- rowwise = {...}, check = function(args, tp) -> error text or nil }.
+-- rowwise = {...}, check = function(args, tp) -> error text or nil, and
+-- for opts.sequence_parallel, opts.loss_parallel, opts.vocab_parallel:
+-- sequence = { enter, exit, norms }, output, embedding (module names) }.
 function M.apply(model, group, plan, opts)
   local init = opts and opts.init
   local sp = opts and opts.sequence_parallel
   local tp, rank = group:size(), group:rank()
   M.check(model, plan, tp)
-  if sp and not plan.sequence then error("tp: the model family's tp_plan has no `sequence` (sequence parallelism)", 0) end
+  if sp and not plan.sequence then
+    error("tp: the model family's tp_plan has no `sequence` (sequence parallelism)", 0)
+  end
   local layers = rawget(model, "layers")
   local out = { boxes = {}, sharded = {}, group = group, partial = sp and {} or nil, sequence_parallel = sp }
   -- (loss parallel needs an output layer of its own: not with tied embeddings)

@@ -131,10 +131,10 @@ end
 -- The parallelism degrees against the ranks this job has (TorchTitan's
 -- keys and their -1 = "the ranks left"). Data parallelism runs today:
 -- replicated (DDP), sharded (FSDP) and both (HSDP), tensor parallelism
--- alone or with any of them, and pipeline parallelism alone or with any
--- of those (3D: pp x dp x tp); a
--- combination not built is refused, never ignored: the job would train
--- something else than asked. Returns dp_replicate, dp_shard, tp, pp.
+-- alone or with any of them, and pipeline parallelism alone or with any of
+-- those (3D: pp x dp x tp); a layout that does not fit the ranks is
+-- refused, never bent: the job would train something else than asked.
+-- Returns dp_replicate, dp_shard, tp, pp.
 local function resolve_parallelism(p, world)
   local pp = p.pp
   if pp < 1 or pp % 1 ~= 0 then error(("trainer: parallelism.pp = %s; expected a positive degree"):format(pp), 0) end
@@ -244,19 +244,22 @@ function M.new(cfg, opts)
   if self.tp > 1 then
     require("parallel.tp").check(model, family.tp_plan, self.tp)
     self.sequence_parallel = cfg.parallelism.sequence_parallel
-    -- Loss parallelism needs the default loss (a recipe's loss_fn takes whole logits) and an
+    -- Loss parallelism needs the default loss (a recipe's loss_fn or train_step takes whole logits) and an
     -- output layer of its own (not tied to the embedding).
     local lp = cfg.parallelism.loss_parallel
-    self.loss_parallel = lp and not cfg.loss_fn and family.tp_plan.output ~= nil and not model.args.tie_embeddings
+    self.loss_parallel = lp and not cfg.loss_fn and not cfg.train_step and family.tp_plan.output ~= nil
+      and not model.args.tie_embeddings
     -- (the embedding is split by vocabulary too, unless it is also the output layer)
     self.vocab_parallel = not model.args.tie_embeddings
     if lp and not self.loss_parallel then
       self.loss_parallel_off = cfg.loss_fn and "the recipe's loss_fn takes whole logits"
+        or cfg.train_step and "the recipe's train_step takes whole logits"
         or "the flavor ties the output layer to the embedding"
     end
     if self.sequence_parallel and t.seq_len % self.tp ~= 0 then
       error(("trainer: training.seq_len = %d does not split into parallelism.tp = %d chunks (sequence parallelism); "
-        .. "expected a multiple of %d, or --parallelism.sequence_parallel=false"):format(t.seq_len, self.tp, self.tp), 0)
+        .. "expected a multiple of %d, or --parallelism.sequence_parallel=false"):format(t.seq_len, self.tp,
+        self.tp), 0)
     end
   end
   if self.pp > 1 then self:plan_pipeline(family, model) end
@@ -592,32 +595,34 @@ end
 -- and the step's loss summed the same way. Gradients go in buckets of
 -- about 25 MB (DDP's default) packed into one buffer: one collective per
 -- bucket, not per parameter. Returns the global loss.
+-- Tensors of one dtype and device summed over a group in place, as one
+-- collective: packed into one buffer (n elements in all) and back.
+local function all_reduce_packed(group, ts, n)
+  if #ts == 1 then return group:all_reduce(ts[1], "sum") end
+  titan.scope(function()
+    local flat = titan.empty({ n }, { dtype = ts[1]:dtype(), device = ts[1]:device() })
+    local off = 1
+    for _, g in ipairs(ts) do
+      local k = g:numel()
+      flat:narrow(1, off, k):copy_(g:reshape(k))
+      off = off + k
+    end
+    group:all_reduce(flat, "sum")
+    off = 1
+    for _, g in ipairs(ts) do
+      local k = g:numel()
+      g:copy_(flat:narrow(1, off, k):reshape(g:shape()))
+      off = off + k
+    end
+  end)
+end
+
 function Trainer:reduce_gradients(params, loss)
   local dp = self.dp
   local bucket_elems = math.floor(25 * 2 ^ 20 / 4)
   local pending, n = {}, 0
   local function flush()
-    if #pending == 0 then return end
-    if #pending == 1 then
-      dp:all_reduce(pending[1], "sum")
-    else
-      titan.scope(function()
-        local flat = titan.empty({ n }, { dtype = pending[1]:dtype() })
-        local off = 1
-        for _, g in ipairs(pending) do
-          local k = g:numel()
-          flat:narrow(1, off, k):copy_(g:reshape(k))
-          off = off + k
-        end
-        dp:all_reduce(flat, "sum")
-        off = 1
-        for _, g in ipairs(pending) do
-          local k = g:numel()
-          g:copy_(flat:narrow(1, off, k):reshape(g:shape()))
-          off = off + k
-        end
-      end)
-    end
+    if #pending > 0 then all_reduce_packed(dp, pending, n) end
     pending, n = {}, 0
   end
   for _, p in ipairs(params) do
@@ -645,21 +650,7 @@ function Trainer:reduce_partial_grads(params)
       n = n + p.grad:numel()
     end
   end
-  if n == 0 then return end
-  titan.scope(function()
-    local flat = titan.empty({ n }, { dtype = grads[1]:dtype(), device = grads[1]:device() })
-    local off = 1
-    for _, g in ipairs(grads) do
-      flat:narrow(1, off, g:numel()):copy_(g:reshape(g:numel()))
-      off = off + g:numel()
-    end
-    tpp.group:all_reduce(flat, "sum")
-    off = 1
-    for _, g in ipairs(grads) do
-      g:copy_(flat:narrow(1, off, g:numel()):reshape(g:shape()))
-      off = off + g:numel()
-    end
-  end)
+  if n > 0 then all_reduce_packed(tpp.group, grads, n) end
 end
 
 -- The largest signal number any rank has pending (nil: none), so that all

@@ -249,6 +249,11 @@ describe("tensor parallelism over MPI", function()
     assert.truthy(out:find("(two all-reduces of the activations per block each way; the embedding split by "
       .. "vocabulary)", 1, true), out)
     assert.truthy(out:find("data parallel: 2 ranks (DDP", 1, true), out)
+    -- a recipe's own loss_fn takes whole logits: loss parallelism steps aside, and says so
+    local z = tmpdir()
+    out = run_ok(exe .. " --nproc 2 lua/recipes/llama3_debugmodel_zloss.lua --parallelism.tp=2 --training.steps=1 "
+      .. "--training.seq_len=32 --metrics.peak_flops=1e11 --job.dump_folder=" .. z)
+    assert.truthy(out:find("; loss parallel off: the recipe's loss_fn takes whole logits)", 1, true), out)
     local a = losses(one)
     for name, dump in pairs({ tp2 = tp2, tpdp = tpdp }) do
       local b = losses(dump)
