@@ -5,11 +5,12 @@
 -- bench/gpu_torch.py (it prints the side-by-side table). Targets: docs/gpu.md.
 --
 --   ./build-gpu/titan bench/gpu.lua [--json FILE] [--budget SECONDS] [--quick]
---                                   [--real-init] [--device cpu --smoke]
+--                                   [--only SECTIONS] [--real-init] [--device cpu --smoke]
 --
 -- --budget: stop starting new measurements when it would run past this many
 -- seconds (the GPU check gives each step a deadline); --quick: the headline
--- shapes only; --real-init: the model's seeded init (drawn on the host when
+-- shapes only; --only gemm,attention,memory,train: those sections alone (a short
+-- device lease); --real-init: the model's seeded init (drawn on the host when
 -- the backend has no RNG kernel: ~20 s for 1B) instead of tiling one random
 -- block on the device; --device cpu --smoke: tiny shapes on the CPU, to check
 -- this script runs at all on a machine without a GPU.
@@ -30,7 +31,8 @@ local F = titan.F
 local PEAK = 989e12 -- H200 (and H100 SXM) dense bf16 FLOP/s
 
 -- ---- arguments ----------------------------------------------------------------
-local args = { budget = 1e9, json = nil, quick = false, device = "cuda", smoke = false, real_init = false }
+local args = { budget = 1e9, json = nil, quick = false, device = "cuda", smoke = false, real_init = false, only = nil }
+local SECTIONS = { gemm = true, attention = true, memory = true, train = true }
 do
   local argv = { ... }
   local i = 1
@@ -42,8 +44,18 @@ do
     elseif a == "--quick" then args.quick = true
     elseif a == "--smoke" then args.smoke = true
     elseif a == "--real-init" then args.real_init = true
+    elseif a == "--only" then
+      args.only = {}
+      for name in tostring(argv[i + 1]):gmatch("[^,]+") do
+        if not SECTIONS[name] then
+          error("bench/gpu.lua: --only " .. tostring(argv[i + 1]) .. ": no section " .. name
+            .. " (expected a comma list of gemm, attention, memory, train)", 0)
+        end
+        args.only[name] = true
+      end
+      i = i + 1
     else error("bench/gpu.lua: unknown argument " .. tostring(a) .. " (expected --json FILE, --budget S, --quick, "
-      .. "--real-init, --device D, --smoke)", 0) end
+      .. "--only SECTIONS, --real-init, --device D, --smoke)", 0) end
     i = i + 1
   end
 end
@@ -190,6 +202,7 @@ end
 -- Run one measurement: skipped when less than `need` seconds are left, its
 -- error printed (and recorded) without stopping the others.
 local function guarded(section, label, need, fn)
+  if args.only and not args.only[section] then return nil end
   if time_left() < need then
     print(("skipped: %s %s (%.0f s left of the budget, needs ~%.0f)"):format(section, label, time_left(), need))
     results.errors[#results.errors + 1] = { section = section, label = label, error = "skipped: no time left" }
@@ -292,8 +305,14 @@ local function copy_bench(n, dt)
   end)
 end
 
-local function rmsnorm_bench(rows, dim, dt)
-  guarded("memory", "rmsnorm " .. dt, ON_GPU and 8 or 0, function()
+-- The lanes each row gets (kernels/cuda/norm.cu): `lanes` nil for the
+-- kernel's own plan, else TITAN_CUDA_NORM_GROUP for this measurement (the
+-- setting is read at each launch), to time the choices side by side.
+pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
+local function rmsnorm_bench(rows, dim, dt, lanes)
+  local label = "rmsnorm " .. dt .. (lanes and (" " .. lanes .. " lanes") or "")
+  if lanes then ffi.C.setenv("TITAN_CUDA_NORM_GROUP", tostring(lanes), 1) end
+  guarded("memory", label, ON_GPU and 8 or 0, function()
     local x = rand_dev({ rows, dim }, dt, 1)
     local w = rand_dev({ dim }, dt, 2, 0.1)
     local dy = rand_dev({ rows, dim }, dt, 3)
@@ -307,9 +326,11 @@ local function rmsnorm_bench(rows, dim, dt)
     local tb = time_it(bwd, reps_for(bwd, 0.05), 5, 2)
     local bytes = rows * dim * esize(dt)
     local shape = ("%dx%d"):format(rows, dim)
-    mem_row({ kernel = "rmsnorm fwd", dtype = dt, shape = shape, ms = tf * 1e3, gbps = 2 * bytes / tf / 1e9 }) -- x, y
-    mem_row({ kernel = "rmsnorm bwd", dtype = dt, shape = shape, ms = tb * 1e3, gbps = 3 * bytes / tb / 1e9 }) -- x, dy, dx
+    local how = lanes and (" (" .. lanes .. " lanes)") or ""
+    mem_row({ kernel = "rmsnorm fwd" .. how, dtype = dt, shape = shape, ms = tf * 1e3, gbps = 2 * bytes / tf / 1e9 }) -- x, y
+    mem_row({ kernel = "rmsnorm bwd" .. how, dtype = dt, shape = shape, ms = tb * 1e3, gbps = 3 * bytes / tb / 1e9 }) -- x, dy, dx
   end)
+  if lanes then ffi.C.unsetenv("TITAN_CUDA_NORM_GROUP") end
 end
 
 local function adamw_bench(n, pdt, gdt, master)
@@ -539,6 +560,7 @@ if S then attention(1, 64, 4, 2, 32, BF) else attention(1, 8192, 32, 8, 128, BF)
 if S then
   copy_bench(65536, "float32")
   rmsnorm_bench(64, 128, BF)
+  rmsnorm_bench(64, 128, BF, 256)
   adamw_bench(65536, "float32", "float32", false)
   adamw_model_bench("debugmodel")
 else
@@ -567,6 +589,13 @@ else
   adamw_model_bench("1B")
 end
 if not S then
+  -- RMSNorm's lanes per row side by side: 256 (a block per row, the plan
+  -- before 64/128-lane groups) against the plan's own choice, at the 8B
+  -- width (4096: 128 lanes) and the 1B width (2048: 64 lanes).
+  rmsnorm_bench(32768, 4096, "bfloat16", 256)
+  rmsnorm_bench(16384, 4096, "float32", 256)
+  rmsnorm_bench(65536, 2048, "bfloat16")
+  rmsnorm_bench(65536, 2048, "bfloat16", 256)
   -- Llama 3 8B's linear layers at 8192 tokens: y = x @ W^T (fwd), and the
   -- two backward products of one of them (dgrad: dY @ W, wgrad: dY^T @ X).
   gemm("8B wq/wo 4096->4096", 8192, 4096, 4096, "bfloat16")

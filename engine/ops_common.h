@@ -34,8 +34,15 @@ static inline tt_status tt_kernel_check(tt_status st, const char *op, const tt_k
   if (st == TT_ERR_DTYPE)
     return tt_error_set(st, "%s: dtype %s is not implemented by the %s backend", op, tt_dtype_name(dtype), bn);
   if (st == TT_ERR_UNSUPPORTED) return tt_error_set(st, "%s: not supported by the %s backend here", op, bn);
-  if (st == TT_ERR_INVALID || st == TT_ERR_SHAPE)
+  if (st == TT_ERR_INVALID || st == TT_ERR_SHAPE) {
+    /* The CUDA backend says why in a line of its own ("cuda <op>: ..."),
+     * e.g. a TITAN_CUDA_NORM_GROUP it cannot use: keep it. The CPU
+     * backend's kernels return bare statuses and never write such a line. */
+    const char *last = tt_last_error();
+    const size_t n = strlen(bn);
+    if (be && strncmp(last, bn, n) == 0 && (last[n] == ' ' || last[n] == ':')) return st;
     return tt_error_set(st, "%s: the %s backend rejected these arguments (%s)", op, bn, tt_dtype_name(dtype));
+  }
   return st; /* OOM / DEVICE / INTERNAL: the backend recorded the message */
 }
 

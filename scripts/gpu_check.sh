@@ -29,6 +29,8 @@
 #                            must not cost the run)
 #   GPU_CHECK_JOBS=nproc     build and ctest parallelism
 #   GPU_CHECK_QUICK=0        1: benchmarks take their short paths (fewer shapes)
+#   GPU_CHECK_BENCH_ONLY=    sections of bench/gpu.lua to run (its --only: a comma
+#                            list of gemm,attention,memory,train; default all)
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -314,7 +316,7 @@ step_about() {
     configure) echo "cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTITAN_CUEMU=OFF -DTITAN_CUDA=ON -DTITAN_NVCC_THREADS=4 -DTITAN_WERROR=OFF -DPKG_CONFIG_EXECUTABLE=<pkg-config on PATH> [-DTITAN_NVCC=/-DCMAKE_CUDA_COMPILER=<nvcc>] [-DTITAN_CUDNN_LIBRARY=/-DTITAN_CUDNN_INCLUDE=/-DTITAN_NCCL_LIBRARY=/-DTITAN_NCCL_INCLUDE=/-DCUDA_cublasLt_LIBRARY= where found outside the toolkit's own folders]" ;;
     build) echo "cmake --build build-gpu -j $JOBS (GPU_CHECK_JOBS, default nproc) [-- -k with make]" ;;
     cuda_tests) echo "cd build-gpu && NCCL_SOCKET_IFNAME=lo OMP_NUM_THREADS=2 ctest -R '^cuda/' -j 10 --output-on-failure (tests/cuda/*_spec.lua under busted inside build-gpu/titan, all at once; /usr/share/games/fortunes -> the carried corpus when the machine has none)" ;;
-    bench_titan) echo "build-gpu/titan bench/gpu.lua --json .gpu/run/titan.json --budget <step time - 10>" ;;
+    bench_titan) echo "build-gpu/titan bench/gpu.lua --json .gpu/run/titan.json --budget <step time - 10> [--quick] [--only \$GPU_CHECK_BENCH_ONLY]" ;;
     bench_torch) echo "python3 bench/gpu_torch.py --json .gpu/run/torch.json --titan-json .gpu/run/titan.json --budget <step time - 10> (with the machine's own LD_LIBRARY_PATH, not the prefix's)" ;;
     cpu_tests) echo "cd build-gpu && OMP_NUM_THREADS=<jobs/4> ctest -E '^cuda/' -j 4 --output-on-failure (the C and Lua suite; /usr/share/games/fortunes -> the carried corpus when the machine has none; TITAN_REFERENCE_PYTHON/TITAN_HF_PYTHON = python3 with torch)" ;;
   esac
@@ -515,6 +517,7 @@ bench_titan_cmd() { # budget
   [ -x "$BUILD/titan" ] || { echo "no $BUILD/titan: the build failed"; return 1; }
   local quick=()
   [ "${GPU_CHECK_QUICK:-0}" = "1" ] && quick=(--quick)
+  [ -n "${GPU_CHECK_BENCH_ONLY:-}" ] && quick+=(--only "$GPU_CHECK_BENCH_ONLY")
   cd "$ROOT" && "$BUILD/titan" bench/gpu.lua --json "$SCRATCH/titan.json" --budget "$1" "${quick[@]}"
 }
 

@@ -199,10 +199,14 @@ struct tt_max_op { /* NaN-free inputs (callers skip NaN) */
 };
 
 /* A group-wide reduction of a scalar with a fixed tree; every lane gets
- * lane 0's result (so all lanes agree bit for bit). For G == block size
- * the whole block must call it (it synchronizes); smem holds TT_WARPS. */
+ * lane 0's result (so all lanes agree bit for bit). G is 32 (a warp, no
+ * barrier) or a power of two up to the block: groups of G consecutive
+ * threads, each summing its own warps in order. For G > 32 the whole block
+ * must call it, every group the same number of times (it synchronizes the
+ * block); smem holds TT_WARPS. */
 template <int G, typename T, typename Op>
 __device__ __forceinline__ T tt_group_reduce(T v, Op op, T *smem) {
+  static_assert(G >= 32 && G <= TT_CUDA_THREADS && (G & (G - 1)) == 0, "G: a power of two, a warp up to the block");
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = op(v, tt_shfl_xor(v, o));
   v = tt_shfl0(v);
@@ -211,8 +215,11 @@ __device__ __forceinline__ T tt_group_reduce(T v, Op op, T *smem) {
   __syncthreads(); /* smem may still be read by the previous call */
   if ((threadIdx.x & 31) == 0) smem[w] = v;
   __syncthreads();
-  T r = smem[0];
-  for (int i = 1; i < TT_WARPS; i++) r = op(r, smem[i]);
+  constexpr int W = G / 32;
+  const int w0 = w & ~(W - 1);
+  T r = smem[w0];
+#pragma unroll
+  for (int i = 1; i < W; i++) r = op(r, smem[w0 + i]);
   return r;
 }
 

@@ -5,12 +5,13 @@
  * residual sum h = x + res in the first pass and normalizes it (the add
  * kernel's rounding, so the pair is bit-identical to running them apart);
  * the backward may accumulate dx onto a waiting gradient. One warp per row up
- * to 1024 elements, one block per row above; rows are read in 16-byte
- * chunks (kernel_util.cuh). A row of up to G * V * KMAX elements (8192 bf16
- * or f32 ones per block) is read from HBM once: each thread issues the
- * loads of all its chunks before it adds anything (many 16-byte loads in
- * flight, which is what keeps HBM busy) and keeps them in registers for
- * the second pass; a longer row is read twice, the second time from L1/L2.
+ * to 1024 elements; above, a group of 64, 128 or 256 lanes (tt_norm_plan);
+ * rows are read in 16-byte chunks (kernel_util.cuh). A row of up to G * V *
+ * KMAX elements (8192 bf16 or f32 ones per block) is read from HBM once:
+ * each thread issues the loads of all its chunks before it adds anything
+ * (many 16-byte loads in flight, which is what keeps HBM busy) and keeps
+ * them in registers for the second pass; a longer row is read twice, the
+ * second time from L1/L2.
  * Either way the sums run in the same order, so the bits are the same. As
  * on the CPU the sum of squares and the backward's row dot product
  * accumulate in double, and every other step is the CPU's
@@ -28,6 +29,8 @@
  * their own, a thread per (chunk, column) summing in double, which reads x
  * and dy once more (R chunks, a function of the shape).
  */
+#include <stdlib.h>
+
 #include "kernel_util.cuh"
 
 /* K, the chunks of V elements each thread keeps in registers, is a template
@@ -52,8 +55,7 @@ template <int DT> static int tt_norm_chunks(int64_t dim, int G) {
   return 0;
 }
 
-/* f(std::integral_constant<int, K>()) for the runtime k of tt_norm_chunks:
- * the one place the launchers turn k into a template argument. */
+/* f(std::integral_constant<int, K>()) for the runtime k of tt_norm_chunks. */
 template <int DT, typename F> static auto tt_norm_with_k(int k, F &&f) {
   switch (k) {
     case 1: return f(std::integral_constant<int, tt_norm_kfit<DT>(1)>());
@@ -62,6 +64,68 @@ template <int DT, typename F> static auto tt_norm_with_k(int k, F &&f) {
     case 8: return f(std::integral_constant<int, tt_norm_kfit<DT>(8)>());
     default: return f(std::integral_constant<int, 0>());
   }
+}
+
+/* How a row is cut: G lanes per row (a warp up to 1024 elements; above,
+ * the narrowest group of 64, 128 or 256 lanes that holds the row in the
+ * most chunks a lane keeps, tt_norm_kmax, else a block that streams it) and
+ * the K chunks each lane keeps. Why the narrowest: what keeps HBM busy is
+ * the bytes each SM has in flight, and those are each lane's chunks times
+ * the lanes resident; a 4096-wide bf16 row over a block of 256 gives each
+ * lane 2 chunks (32 bytes), over 128 lanes 4 chunks (64 bytes, two rows a
+ * block), as many bytes as an f32 row's lanes have in flight. The first
+ * GPU check measured the block-per-row kernel at 2.4 TB/s for bf16 against
+ * 3.8 for f32 (bench/RESULTS.md). G = 64 or 128 comes only with K = kmax
+ * (the one instantiation they have), and never for f64. */
+struct tt_norm_plan {
+  int G, K;
+};
+
+/* TITAN_CUDA_NORM_GROUP=32|64|128|256 forces the lanes per row (the GPU
+ * benchmark times the choices side by side; docs/cuda.md). Read at each
+ * launch (a lookup, next to a launch's microseconds), so a test can go
+ * through every choice in one process. 0: not set; -1: not one of those. */
+static int tt_norm_group_setting(void) {
+  const char *e = getenv("TITAN_CUDA_NORM_GROUP");
+  if (!e || !*e) return 0;
+  char *end;
+  const long v = strtol(e, &end, 10);
+  return *end == 0 && (v == 32 || v == 64 || v == 128 || v == 256) ? (int)v : -1;
+}
+
+template <int DT> static tt_status tt_norm_plan_for(int64_t dim, const char *op, tt_norm_plan *p) {
+  const int set = tt_norm_group_setting();
+  if (set < 0)
+    return tt_error_set(TT_ERR_INVALID, "cuda %s: TITAN_CUDA_NORM_GROUP=%s: expected 32, 64, 128 or 256 lanes per row",
+                        op, getenv("TITAN_CUDA_NORM_GROUP"));
+  int G = dim <= 1024 ? 32 : TT_CUDA_THREADS;
+  if (dim > 1024)
+    for (int g = 64; g < TT_CUDA_THREADS; g *= 2)
+      if (tt_norm_chunks<DT>(dim, g) == tt_norm_kmax<DT>()) {
+        G = g;
+        break;
+      }
+  if (set > 0) G = set;
+  int K = tt_norm_chunks<DT>(dim, G);
+  if ((G == 64 || G == 128) && (DT == TT_F64 || K != tt_norm_kmax<DT>())) { /* not instantiated: a block */
+    G = TT_CUDA_THREADS;
+    K = tt_norm_chunks<DT>(dim, G);
+  }
+  p->G = G;
+  p->K = K;
+  return TT_OK;
+}
+
+/* f(G, K) as integral constants for a plan: the one place the launchers
+ * turn it into template arguments. */
+template <int DT, typename F> static auto tt_norm_with_plan(tt_norm_plan p, F &&f) {
+  typedef std::integral_constant<int, tt_norm_kmax<DT>()> KM;
+  if constexpr (DT != TT_F64) {
+    if (p.G == 64) return f(std::integral_constant<int, 64>(), KM());
+    if (p.G == 128) return f(std::integral_constant<int, 128>(), KM());
+  }
+  if (p.G == 32) return tt_norm_with_k<DT>(p.K, [&](auto kc) { return f(std::integral_constant<int, 32>(), kc); });
+  return tt_norm_with_k<DT>(p.K, [&](auto kc) { return f(std::integral_constant<int, TT_CUDA_THREADS>(), kc); });
 }
 
 /* Chunk q of this lane starts at element (lane + q G) V, as the loops'
@@ -74,11 +138,27 @@ template <int V> __device__ __forceinline__ int64_t tt_norm_cnt(int lane, int q,
   return e >= dim ? 0 : (dim - e < V ? dim - e : V);
 }
 
+/* Group row `want`, valid below `end` (the rows, or the end of a dw slot):
+ * *r is the row and *n its elements, dim; past the end *r is the last row
+ * (an address inside the tensor; nothing is read or written there) and *n
+ * 0. A group wider than a warp shares the block's barriers
+ * (tt_group_reduce), so the kernels' loops give every group of a block the
+ * same turns and a group with no row left takes them with n == 0. */
+__device__ __forceinline__ void tt_norm_row(int64_t want, int64_t end, int64_t rows, int64_t dim, int64_t *r,
+                                            int64_t *n) {
+  const bool live = want < end;
+  *r = live ? want : rows - 1;
+  *n = live ? dim : 0;
+}
+
 /* RES: h = x + res first (rounded to the storage type, as the add kernel
  * would store it), written out, and normalized in place of x; the second
  * pass reads back the h this thread wrote (K == 0) or keeps it (K > 0). */
+/* Three blocks an SM: ptxas fits every instantiation in 85 registers
+ * without spilling (checked with -Xptxas -v for sm_90a), where left alone
+ * it takes up to 106 for a 4-chunk bf16 row and the SM holds two. */
 template <int DT, int G, int K, bool RES>
-__global__ void tt_rmsnorm_kernel(int64_t rows, int64_t dim, double eps, const typename tt_ft<DT>::S *__restrict__ x,
+__global__ void __launch_bounds__(TT_CUDA_THREADS, 3) tt_rmsnorm_kernel(int64_t rows, int64_t dim, double eps, const typename tt_ft<DT>::S *__restrict__ x,
                                   const typename tt_ft<DT>::S *__restrict__ res, const typename tt_ft<DT>::S *__restrict__ w,
                                   typename tt_ft<DT>::S *__restrict__ h, typename tt_ft<DT>::S *__restrict__ y,
                                   typename tt_ft<DT>::C *__restrict__ rstd) {
@@ -88,7 +168,11 @@ __global__ void tt_rmsnorm_kernel(int64_t rows, int64_t dim, double eps, const t
   constexpr int PER = TT_CUDA_THREADS / G;
   __shared__ double sm[TT_WARPS];
   const int lane = threadIdx.x % G;
-  for (int64_t r = (int64_t)blockIdx.x * PER + threadIdx.x / G; r < rows; r += (int64_t)gridDim.x * PER) {
+  /* Row r of turn rb; n, its elements, is 0 for a group past the last row,
+   * which still takes the turn (tt_norm_row). */
+  for (int64_t rb = blockIdx.x; rb * PER < rows; rb += gridDim.x) {
+    int64_t r, n;
+    tt_norm_row(rb * PER + threadIdx.x / G, rows, rows, dim, &r, &n);
     const S *xr = x + r * dim;
     S *yr = y + r * dim;
     const S *rr = RES ? res + r * dim : NULL;
@@ -99,7 +183,7 @@ __global__ void tt_rmsnorm_kernel(int64_t rows, int64_t dim, double eps, const t
       int64_t cnt[K];
 #pragma unroll
       for (int q = 0; q < K; q++) {
-        cnt[q] = tt_norm_cnt<V>(lane, q, G, dim);
+        cnt[q] = tt_norm_cnt<V>(lane, q, G, n);
         raw[q] = tt_ld_raw<DT>(xr, tt_norm_e<V>(lane, q, G), cnt[q], vec);
       }
       if (RES) {
@@ -124,7 +208,7 @@ __global__ void tt_rmsnorm_kernel(int64_t rows, int64_t dim, double eps, const t
       }
       ss = tt_group_reduce<G>(ss, tt_sum_op(), sm);
       const C rs = (C)(1.0 / sqrt(ss / (double)dim + eps));
-      if (lane == 0) rstd[r] = rs;
+      if (lane == 0 && n > 0) rstd[r] = rs;
 #pragma unroll
       for (int q = 0; q < K; q++) {
         if (cnt[q] <= 0) continue;
@@ -137,7 +221,7 @@ __global__ void tt_rmsnorm_kernel(int64_t rows, int64_t dim, double eps, const t
       }
     } else {
       double ss = 0.0;
-      for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
+      for (int64_t e = (int64_t)lane * V; e < n; e += (int64_t)G * V) {
         int64_t cnt = dim - e < V ? dim - e : V;
         C c[V];
         tt_ld_chunk<DT>(xr, e, cnt, vec, c);
@@ -154,8 +238,8 @@ __global__ void tt_rmsnorm_kernel(int64_t rows, int64_t dim, double eps, const t
       }
       ss = tt_group_reduce<G>(ss, tt_sum_op(), sm);
       const C rs = (C)(1.0 / sqrt(ss / (double)dim + eps));
-      if (lane == 0) rstd[r] = rs;
-      for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
+      if (lane == 0 && n > 0) rstd[r] = rs;
+      for (int64_t e = (int64_t)lane * V; e < n; e += (int64_t)G * V) {
         int64_t cnt = dim - e < V ? dim - e : V;
         C c[V], wv[V];
         tt_ld_chunk<DT>(RES ? hr : xr, e, cnt, vec, c);
@@ -207,10 +291,13 @@ __device__ __forceinline__ void tt_norm_dx_chunk(typename tt_ft<DT>::S *dr, int6
  * costs no second read of x and dy. */
 /* Blocks per SM the dx-and-dw kernel is compiled for: 3 where ptxas fits
  * that without spilling (bf16 rows of up to 2 chunks a thread, f32 of up to
- * 4: the 4096-wide rows of 8B-70B models), which its default register use
- * misses by a few registers and so halves to 2. Checked with -Xptxas -v. */
+ * 4), which its default register use misses by a few registers and so
+ * halves to 2; 2 for the most chunks a lane keeps (the plan's choice above
+ * 1024 elements: 112-117 registers, where left alone it takes up to 140
+ * and the SM holds one block; 3 would spill 200 bytes). Checked with
+ * -Xptxas -v for sm_90a. */
 template <int DT, int K> constexpr int tt_norm_dw_min_blocks() {
-  return (DT == TT_BF16 && K <= 2) || (DT == TT_F32 && K <= 4) ? 3 : 1;
+  return (DT == TT_BF16 && K <= 2) || (DT == TT_F32 && K <= 4) ? 3 : DT != TT_F64 && K == tt_norm_kmax<DT>() ? 2 : 1;
 }
 
 template <int DT, int G, int K, bool DW>
@@ -232,12 +319,10 @@ __global__ void __launch_bounds__(TT_CUDA_THREADS, DW ? tt_norm_dw_min_blocks<DT
   __shared__ C dwacc[KD][V][DW ? TT_CUDA_THREADS : 1];
   const int lane = threadIdx.x % G;
   const int64_t group = (int64_t)blockIdx.x * PER + threadIdx.x / G;
-  int64_t r_first = group, r_end = rows, r_step = (int64_t)gridDim.x * PER;
-  if (DW) {
-    r_first = group * L;
-    r_end = r_first + L < rows ? r_first + L : rows;
-    r_step = 1;
-  }
+  /* Without dw, turn t is the block's rows rb PER .. (grid stride); with
+   * dw, row t of the group's slot [group L, group L + L). Either way every
+   * group of the block takes the same turns (tt_norm_row). */
+  const int64_t slot_end = DW ? (group * L + L < rows ? group * L + L : rows) : rows;
   const int tdw = DW ? threadIdx.x : 0;
   if (DW) {
 #pragma unroll
@@ -245,7 +330,11 @@ __global__ void __launch_bounds__(TT_CUDA_THREADS, DW ? tt_norm_dw_min_blocks<DT
 #pragma unroll
       for (int k = 0; k < V; k++) dwacc[q][k][tdw] = (C)0;
   }
-  for (int64_t r = r_first; r < r_end; r += r_step) {
+  for (int64_t t = 0;; t++) {
+    const int64_t rb = (int64_t)blockIdx.x + t * gridDim.x;
+    if (DW ? t >= L : rb * PER >= rows) break;
+    int64_t r, n;
+    tt_norm_row(DW ? group * L + t : rb * PER + threadIdx.x / G, slot_end, rows, dim, &r, &n);
     const S *xr = x + r * dim, *gr = dy + r * dim;
     S *dr = dx + r * dim;
     const bool vec = tt_al16(xr) && tt_al16(gr) && tt_al16(dr) && tt_al16(w);
@@ -254,11 +343,11 @@ __global__ void __launch_bounds__(TT_CUDA_THREADS, DW ? tt_norm_dw_min_blocks<DT
       int64_t cnt[K];
 #pragma unroll
       for (int q = 0; q < K; q++) {
-        cnt[q] = tt_norm_cnt<V>(lane, q, G, dim);
+        cnt[q] = tt_norm_cnt<V>(lane, q, G, n);
         xraw[q] = tt_ld_raw<DT>(xr, tt_norm_e<V>(lane, q, G), cnt[q], vec);
         graw[q] = tt_ld_raw<DT>(gr, tt_norm_e<V>(lane, q, G), cnt[q], vec);
       }
-      const C rs_c = rstd[r];
+      const C rs_c = n > 0 ? rstd[r] : (C)0;
       double dot = 0.0;
 #pragma unroll
       for (int q = 0; q < K; q++) {
@@ -270,7 +359,7 @@ __global__ void __launch_bounds__(TT_CUDA_THREADS, DW ? tt_norm_dw_min_blocks<DT
 #pragma unroll
         for (int k = 0; k < V; k++) {
           if (k < cnt[q]) dot = tt_add(dot, tt_mul(tt_mul((double)gv[k], (double)wv[k]), (double)xv[k]));
-          if (DW) dwacc[q % KD][k][tdw] = tt_add(dwacc[q % KD][k][tdw], tt_mul(tt_mul(gv[k], xv[k]), rs_c));
+          if (DW && n > 0) dwacc[q % KD][k][tdw] = tt_add(dwacc[q % KD][k][tdw], tt_mul(tt_mul(gv[k], xv[k]), rs_c));
         }
       }
       dot = tt_group_reduce<G>(dot, tt_sum_op(), sm);
@@ -288,7 +377,7 @@ __global__ void __launch_bounds__(TT_CUDA_THREADS, DW ? tt_norm_dw_min_blocks<DT
       }
     } else {
       double dot = 0.0;
-      for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
+      for (int64_t e = (int64_t)lane * V; e < n; e += (int64_t)G * V) {
         int64_t cnt = dim - e < V ? dim - e : V;
         C xv[V], gv[V], wv[V];
         tt_norm_ld_xgw<DT>(xr, gr, w, e, cnt, vec, xv, gv, wv);
@@ -297,9 +386,9 @@ __global__ void __launch_bounds__(TT_CUDA_THREADS, DW ? tt_norm_dw_min_blocks<DT
           if (k < cnt) dot = tt_add(dot, tt_mul(tt_mul((double)gv[k], (double)wv[k]), (double)xv[k]));
       }
       dot = tt_group_reduce<G>(dot, tt_sum_op(), sm);
-      const double rs = (double)rstd[r];
+      const double rs = n > 0 ? (double)rstd[r] : 0.0;
       const C a = (C)rs, cc = (C)(rs * rs * rs * dot / (double)dim);
-      for (int64_t e = (int64_t)lane * V; e < dim; e += (int64_t)G * V) {
+      for (int64_t e = (int64_t)lane * V; e < n; e += (int64_t)G * V) {
         int64_t cnt = dim - e < V ? dim - e : V;
         C xv[V], gv[V], wv[V];
         tt_norm_ld_xgw<DT>(xr, gr, w, e, cnt, vec, xv, gv, wv);
@@ -362,24 +451,21 @@ static void tt_rmsnorm_go(cudaStream_t s, int64_t rows, int64_t dim, double eps,
 }
 
 /* res == NULL: plain RMSNorm; else h = x + res is formed and normalized.
- * A warp per row up to 1024 elements, the block above. */
+ * The row cut as tt_norm_plan_for says. */
 template <int DT>
 static tt_status tt_rmsnorm_launch(int64_t rows, int64_t dim, double eps, const void *x, const void *res, const void *w,
                                    void *h, void *y, void *rstd) {
   int device;
   cudaStream_t s;
   tt_status st = tt_cuda_current(&device, &s);
+  tt_norm_plan p;
+  if (st == TT_OK) st = tt_norm_plan_for<DT>(dim, res ? "add_rmsnorm" : "rmsnorm", &p);
   if (st != TT_OK) return st;
-  if (dim <= 1024)
-    tt_norm_with_k<DT>(tt_norm_chunks<DT>(dim, 32), [&](auto kc) {
-      if (res) tt_rmsnorm_go<DT, 32, decltype(kc)::value, true>(s, rows, dim, eps, x, res, w, h, y, rstd);
-      else tt_rmsnorm_go<DT, 32, decltype(kc)::value, false>(s, rows, dim, eps, x, NULL, w, NULL, y, rstd);
-    });
-  else
-    tt_norm_with_k<DT>(tt_norm_chunks<DT>(dim, TT_CUDA_THREADS), [&](auto kc) {
-      if (res) tt_rmsnorm_go<DT, TT_CUDA_THREADS, decltype(kc)::value, true>(s, rows, dim, eps, x, res, w, h, y, rstd);
-      else tt_rmsnorm_go<DT, TT_CUDA_THREADS, decltype(kc)::value, false>(s, rows, dim, eps, x, NULL, w, NULL, y, rstd);
-    });
+  tt_norm_with_plan<DT>(p, [&](auto gc, auto kc) {
+    constexpr int G = decltype(gc)::value, K = decltype(kc)::value;
+    if (res) tt_rmsnorm_go<DT, G, K, true>(s, rows, dim, eps, x, res, w, h, y, rstd);
+    else tt_rmsnorm_go<DT, G, K, false>(s, rows, dim, eps, x, NULL, w, NULL, y, rstd);
+  });
   TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_kernel");
   return TT_OK;
 }
@@ -443,26 +529,17 @@ static tt_status tt_rmsnorm_backward_launch(int64_t rows, int64_t dim, const voi
   int device;
   cudaStream_t s;
   tt_status st = tt_cuda_current(&device, &s);
+  tt_norm_plan p;
+  if (st == TT_OK) st = tt_norm_plan_for<DT>(dim, "rmsnorm_backward", &p);
   if (st != TT_OK) return st;
-  const int G = dim <= 1024 ? 32 : TT_CUDA_THREADS, k = tt_norm_chunks<DT>(dim, G);
-  if (dw && k > 0 && (int64_t)(TT_CUDA_WORKSPACE / sizeof(double)) / dim >= 1) {
-    if (G == 32)
-      return tt_norm_with_k<DT>(k, [&](auto kc) {
-        return tt_rmsnorm_dxdw_go<DT, 32, decltype(kc)::value>(device, s, rows, dim, x, w, rstd, dy, dx, dw, acc);
-      });
-    return tt_norm_with_k<DT>(k, [&](auto kc) {
-      return tt_rmsnorm_dxdw_go<DT, TT_CUDA_THREADS, decltype(kc)::value>(device, s, rows, dim, x, w, rstd, dy, dx, dw,
-                                                                          acc);
+  if (dw && p.K > 0 && (int64_t)(TT_CUDA_WORKSPACE / sizeof(double)) / dim >= 1)
+    return tt_norm_with_plan<DT>(p, [&](auto gc, auto kc) {
+      return tt_rmsnorm_dxdw_go<DT, decltype(gc)::value, decltype(kc)::value>(device, s, rows, dim, x, w, rstd, dy, dx,
+                                                                              dw, acc);
     });
-  }
-  if (G == 32)
-    tt_norm_with_k<DT>(k, [&](auto kc) {
-      tt_rmsnorm_dx_go<DT, 32, decltype(kc)::value>(s, rows, dim, x, w, rstd, dy, dx, acc);
-    });
-  else
-    tt_norm_with_k<DT>(k, [&](auto kc) {
-      tt_rmsnorm_dx_go<DT, TT_CUDA_THREADS, decltype(kc)::value>(s, rows, dim, x, w, rstd, dy, dx, acc);
-    });
+  tt_norm_with_plan<DT>(p, [&](auto gc, auto kc) {
+    tt_rmsnorm_dx_go<DT, decltype(gc)::value, decltype(kc)::value>(s, rows, dim, x, w, rstd, dy, dx, acc);
+  });
   TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dx_kernel");
   if (!dw) return TT_OK;
   /* R row chunks: about 256k (chunk, column) threads, chunks of at least 32

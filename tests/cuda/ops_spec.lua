@@ -400,9 +400,11 @@ describe("cuda ops: rmsnorm", function()
   for _, dt in ipairs({ "float32", "float64", "bfloat16" }) do
     it("forward (y, rstd) and backward (dx; dweight accumulates) (" .. dt .. ")", H.scoped(function()
       -- rows kept in registers (up to 1024 per warp, 8192 per block; f64 256 / 2048), rows read
-      -- twice (longer), ragged tails, and rows that are not 16-byte aligned (12289)
+      -- twice (longer), ragged tails, and rows that are not 16-byte aligned (12289); 1536, 2048
+      -- and 4096 go to groups of 64 and 128 lanes (two or four rows a block: 3 and 7 rows leave
+      -- a group of the last block with none)
       for k, rd in ipairs({ { 1, 256 }, { 7, 100 }, { 4096, 256 }, { 512, 2048 }, { 64, 4096 }, { 3, 8192 },
-        { 5, 1000 }, { 2, 12289 }, { 2, 16384 } }) do
+        { 5, 1000 }, { 2, 12289 }, { 2, 16384 }, { 3, 4096 }, { 7, 1536 } }) do
         local rows, dim = rd[1], rd[2]
         local x = H.randn({ rows, dim }, k, dt, 3)
         local w = H.randn({ dim }, 10 + k, dt, 0.5, 1)
@@ -429,7 +431,8 @@ describe("cuda ops: rmsnorm", function()
 
     it("add_rmsnorm (h = x + residual, then the norm) equals the two ops on the device, bit for bit; "
       .. "backward accumulating dx (" .. dt .. ")", H.scoped(function()
-      for k, rd in ipairs({ { 1, 256 }, { 7, 100 }, { 4096, 256 }, { 64, 4096 }, { 3, 8192 }, { 2, 12289 } }) do
+      for k, rd in ipairs({ { 1, 256 }, { 7, 100 }, { 4096, 256 }, { 64, 4096 }, { 3, 8192 }, { 2, 12289 },
+        { 3, 4096 }, { 5, 2048 } }) do
         local rows, dim = rd[1], rd[2]
         local x, r = H.randn({ rows, dim }, 40 + k, dt, 3), H.randn({ rows, dim }, 50 + k, dt)
         local w = H.randn({ dim }, 60 + k, dt, 0.5, 1)
@@ -458,6 +461,69 @@ describe("cuda ops: rmsnorm", function()
       end
     end))
   end
+end)
+
+describe("cuda ops: rmsnorm's lanes per row (TITAN_CUDA_NORM_GROUP)", function()
+  -- The setting is read at each launch, so one process can go through every
+  -- choice: the GPU benchmark times them side by side (docs/cuda.md).
+  pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
+  local function with_group(g, fn)
+    ffi.C.setenv("TITAN_CUDA_NORM_GROUP", g, 1)
+    local fine, err = pcall(fn)
+    ffi.C.unsetenv("TITAN_CUDA_NORM_GROUP")
+    if not fine then error(err, 0) end
+  end
+
+  for _, dt in ipairs({ "float32", "bfloat16" }) do
+    it("each of 32, 64, 128 and 256 lanes gives the reference: y, rstd, dx and dweight (" .. dt .. ")",
+      H.scoped(function()
+        for k, rd in ipairs({ { 3, 4096 }, { 5, 1536 }, { 2, 12289 } }) do
+          local rows, dim = rd[1], rd[2]
+          local x, w = H.randn({ rows, dim }, 90 + k, dt, 3), H.randn({ dim }, 95 + k, dt, 0.5, 1)
+          local dy, dw0 = H.randn({ rows, dim }, 100 + k, dt), H.randn({ dim }, 105 + k, dt)
+          local what = ("rmsnorm %dx%d %s"):format(rows, dim, dt)
+          local ry, rr = ref(what, 2, function(o1, o2) return C.tt_op_rmsnorm(f64(x)._c, f64(w)._c, 1e-5, o1, o2) end)
+          local rdw = f64(dw0)
+          local rdx = ref(what .. " backward", 1, function(o)
+            return C.tt_op_rmsnorm_backward(f64(x)._c, f64(w)._c, rr._c, f64(dy)._c, o, rdw._c)
+          end)
+          for _, g in ipairs({ "32", "64", "128", "256" }) do
+            with_group(g, function()
+              local at = what .. ", " .. g .. " lanes"
+              local y, rstd = poison({ rows, dim }, dt), poison({ rows }, "float32")
+              run(at, { y, rstd }, function(o1, o2) return C.tt_op_rmsnorm(dev(x)._c, dev(w)._c, 1e-5, o1, o2) end)
+              H.check(y, ry, H.tol(dt), at .. " y")
+              H.check(rstd, rr, H.tol("float32"), at .. " rstd")
+              local dx, gdw = poison({ rows, dim }, dt), dev(dw0)
+              run(at .. " backward", { dx }, function(o)
+                return C.tt_op_rmsnorm_backward(dev(x)._c, dev(w)._c, rstd._c, dev(dy)._c, o, gdw._c)
+              end)
+              H.check(dx, rdx, H.tol(dt, 2), at .. " dx")
+              H.check(gdw, rdw, H.tol(dt, 4), at .. " dweight (accumulated)")
+            end)
+          end
+        end
+      end))
+  end
+
+  -- (the CPU self-test has no such setting)
+  local on_gpu = H.ON_GPU and it or pending
+  on_gpu("any other value: the op fails with one line naming the setting and the choices", H.scoped(function()
+    local x, w = dev(H.randn({ 2, 64 }, 1, "float32")), dev(H.randn({ 64 }, 2, "float32"))
+    for _, bad in ipairs({ "100", "128x", "-64" }) do
+      local st, msg
+      with_group(bad, function()
+        st = C.tt_op_rmsnorm(x._c, w._c, 1e-5, box(), box())
+        msg = ffi.string(C.tt_last_error())
+      end)
+      assert.are_not.equal(0, st, bad .. ": the op went ahead")
+      assert.truthy(msg:find("TITAN_CUDA_NORM_GROUP=" .. bad .. ": expected 32, 64, 128 or 256 lanes per row", 1,
+        true), bad .. ": " .. msg)
+    end
+    -- unset again: the default plan
+    local b1, b2 = box(), box()
+    ok(C.tt_op_rmsnorm(x._c, w._c, 1e-5, b1, b2), "rmsnorm with the setting unset")
+  end))
 end)
 
 describe("cuda ops: rope", function()
