@@ -589,13 +589,14 @@ else
   adamw_model_bench("1B")
 end
 if not S then
-  -- RMSNorm's lanes per row side by side: 256 (a block per row, the plan
-  -- before 64/128-lane groups) against the plan's own choice, at the 8B
-  -- width (4096: 128 lanes) and the 1B width (2048: 64 lanes).
-  rmsnorm_bench(32768, 4096, "bfloat16", 256)
-  rmsnorm_bench(16384, 4096, "float32", 256)
+  -- RMSNorm's lanes per row side by side (kernels/cuda/norm.cu): at the 8B
+  -- width (4096: a block of 256 lanes) against 128 lanes, and at the 1B
+  -- width (2048: 64 lanes forward, 256 backward) against 256 and 64.
+  rmsnorm_bench(32768, 4096, "bfloat16", 128)
+  rmsnorm_bench(16384, 4096, "float32", 128)
   rmsnorm_bench(65536, 2048, "bfloat16")
   rmsnorm_bench(65536, 2048, "bfloat16", 256)
+  rmsnorm_bench(65536, 2048, "bfloat16", 64)
   -- Llama 3 8B's linear layers at 8192 tokens: y = x @ W^T (fwd), and the
   -- two backward products of one of them (dgrad: dY @ W, wgrad: dY^T @ X).
   gemm("8B wq/wo 4096->4096", 8192, 4096, 4096, "bfloat16")

@@ -29,6 +29,7 @@
 #                            must not cost the run)
 #   GPU_CHECK_JOBS=nproc     build and ctest parallelism
 #   GPU_CHECK_QUICK=0        1: benchmarks take their short paths (fewer shapes)
+#   GPU_CHECK_CUDA_TESTS=^cuda/  the ctest regex of the CUDA specs to run
 #   GPU_CHECK_BENCH_ONLY=    sections of bench/gpu.lua to run (its --only: a comma
 #                            list of gemm,attention,memory,train; default all)
 set -uo pipefail
@@ -510,7 +511,7 @@ cuda_tests_cmd() {
   # each for their CPU references, on the machine's 16 cores.
   # NCCL at world 1 bootstraps over a local socket; the machine has no
   # network, so name the loopback interface rather than let NCCL search.
-  cd "$BUILD" && NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}" OMP_NUM_THREADS=2 ctest -R '^cuda/' -j 10 --output-on-failure
+  cd "$BUILD" && NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}" OMP_NUM_THREADS=2 ctest -R "${GPU_CHECK_CUDA_TESTS:-^cuda/}" -j 10 --output-on-failure
 }
 
 bench_titan_cmd() { # budget

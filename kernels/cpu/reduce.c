@@ -297,6 +297,7 @@ static void reduce_rows(int op, int dt, int64_t rows, int64_t n, const void *x, 
   for (int64_t r = 0; r < rows; r++) {
     double part[RED_MAX_BLOCKS];
     int64_t pat[RED_MAX_BLOCKS];
+    pat[0] = 0; /* written and read for max only; gcc 13 cannot see that and warns (-Werror) */
     for (int64_t b = 0; b < nblk; b++) {
       int64_t lo = r * n + b * bs, hi = r * n + min64((b + 1) * bs, n);
       if (op == TT_RMAX) {

@@ -5,7 +5,7 @@
  * residual sum h = x + res in the first pass and normalizes it (the add
  * kernel's rounding, so the pair is bit-identical to running them apart);
  * the backward may accumulate dx onto a waiting gradient. One warp per row up
- * to 1024 elements; above, a group of 64, 128 or 256 lanes (tt_norm_plan);
+ * to 1024 elements; above, a block (or a group of 64 or 128 lanes: tt_norm_plan);
  * rows are read in 16-byte chunks (kernel_util.cuh). A row of up to G * V *
  * KMAX elements (8192 bf16 or f32 ones per block) is read from HBM once:
  * each thread issues the loads of all its chunks before it adds anything
@@ -66,17 +66,19 @@ template <int DT, typename F> static auto tt_norm_with_k(int k, F &&f) {
   }
 }
 
-/* How a row is cut: G lanes per row (a warp up to 1024 elements; above,
- * the narrowest group of 64, 128 or 256 lanes that holds the row in the
- * most chunks a lane keeps, tt_norm_kmax, else a block that streams it) and
- * the K chunks each lane keeps. Why the narrowest: what keeps HBM busy is
- * the bytes each SM has in flight, and those are each lane's chunks times
- * the lanes resident; a 4096-wide bf16 row over a block of 256 gives each
- * lane 2 chunks (32 bytes), over 128 lanes 4 chunks (64 bytes, two rows a
- * block), as many bytes as an f32 row's lanes have in flight. The first
- * GPU check measured the block-per-row kernel at 2.4 TB/s for bf16 against
- * 3.8 for f32 (bench/RESULTS.md). G = 64 or 128 comes only with K = kmax
- * (the one instantiation they have), and never for f64. */
+/* How a row is cut: G lanes per row and the K chunks each lane keeps. A
+ * warp up to 1024 elements; above, a block of 256 lanes, except that the
+ * forward gives a row that would leave each of a block's lanes a single
+ * chunk (bf16/f16 rows of 1025-2048: Llama 3 1B's 2048) to the narrowest
+ * group of 64 or 128 lanes that keeps it in the most chunks a lane holds
+ * (tt_norm_kmax). Measured on an H200 (bench/RESULTS.md, 2026-12-04,
+ * third session), lanes per row against GB/s: bf16 2048 forward 64 lanes
+ * 2271, 256 lanes 2089; but bf16 4096 forward 128 lanes 2297, 256 lanes
+ * 2381, f32 4096 3999 against 4026, and every backward slower on the
+ * narrower groups (bf16 4096: 1387 against 1733; f32 4096: 2879 against
+ * 3154). So more bytes per lane in flight is not what these kernels lack.
+ * G = 64 or 128 comes only with K = kmax (the one instantiation they
+ * have), and never for f64. */
 struct tt_norm_plan {
   int G, K;
 };
@@ -93,13 +95,14 @@ static int tt_norm_group_setting(void) {
   return *end == 0 && (v == 32 || v == 64 || v == 128 || v == 256) ? (int)v : -1;
 }
 
-template <int DT> static tt_status tt_norm_plan_for(int64_t dim, const char *op, tt_norm_plan *p) {
+template <int DT>
+static tt_status tt_norm_plan_for(int64_t dim, bool backward, const char *op, tt_norm_plan *p) {
   const int set = tt_norm_group_setting();
   if (set < 0)
     return tt_error_set(TT_ERR_INVALID, "cuda %s: TITAN_CUDA_NORM_GROUP=%s: expected 32, 64, 128 or 256 lanes per row",
                         op, getenv("TITAN_CUDA_NORM_GROUP"));
   int G = dim <= 1024 ? 32 : TT_CUDA_THREADS;
-  if (dim > 1024)
+  if (!backward && dim > 1024 && tt_norm_chunks<DT>(dim, TT_CUDA_THREADS) == 1)
     for (int g = 64; g < TT_CUDA_THREADS; g *= 2)
       if (tt_norm_chunks<DT>(dim, g) == tt_norm_kmax<DT>()) {
         G = g;
@@ -292,10 +295,10 @@ __device__ __forceinline__ void tt_norm_dx_chunk(typename tt_ft<DT>::S *dr, int6
 /* Blocks per SM the dx-and-dw kernel is compiled for: 3 where ptxas fits
  * that without spilling (bf16 rows of up to 2 chunks a thread, f32 of up to
  * 4), which its default register use misses by a few registers and so
- * halves to 2; 2 for the most chunks a lane keeps (the plan's choice above
- * 1024 elements: 112-117 registers, where left alone it takes up to 140
- * and the SM holds one block; 3 would spill 200 bytes). Checked with
- * -Xptxas -v for sm_90a. */
+ * halves to 2; 2 for the most chunks a lane keeps (rows of 4097-8192 on a
+ * block, or a narrower group when TITAN_CUDA_NORM_GROUP asks: 112-117
+ * registers, where left alone it takes up to 140 and the SM holds one
+ * block; 3 would spill 200 bytes). Checked with -Xptxas -v for sm_90a. */
 template <int DT, int K> constexpr int tt_norm_dw_min_blocks() {
   return (DT == TT_BF16 && K <= 2) || (DT == TT_F32 && K <= 4) ? 3 : DT != TT_F64 && K == tt_norm_kmax<DT>() ? 2 : 1;
 }
@@ -459,7 +462,7 @@ static tt_status tt_rmsnorm_launch(int64_t rows, int64_t dim, double eps, const 
   cudaStream_t s;
   tt_status st = tt_cuda_current(&device, &s);
   tt_norm_plan p;
-  if (st == TT_OK) st = tt_norm_plan_for<DT>(dim, res ? "add_rmsnorm" : "rmsnorm", &p);
+  if (st == TT_OK) st = tt_norm_plan_for<DT>(dim, false, res ? "add_rmsnorm" : "rmsnorm", &p);
   if (st != TT_OK) return st;
   tt_norm_with_plan<DT>(p, [&](auto gc, auto kc) {
     constexpr int G = decltype(gc)::value, K = decltype(kc)::value;
@@ -530,7 +533,7 @@ static tt_status tt_rmsnorm_backward_launch(int64_t rows, int64_t dim, const voi
   cudaStream_t s;
   tt_status st = tt_cuda_current(&device, &s);
   tt_norm_plan p;
-  if (st == TT_OK) st = tt_norm_plan_for<DT>(dim, "rmsnorm_backward", &p);
+  if (st == TT_OK) st = tt_norm_plan_for<DT>(dim, true, "rmsnorm_backward", &p);
   if (st != TT_OK) return st;
   if (dw && p.K > 0 && (int64_t)(TT_CUDA_WORKSPACE / sizeof(double)) / dim >= 1)
     return tt_norm_with_plan<DT>(p, [&](auto gc, auto kc) {

@@ -400,9 +400,9 @@ describe("cuda ops: rmsnorm", function()
   for _, dt in ipairs({ "float32", "float64", "bfloat16" }) do
     it("forward (y, rstd) and backward (dx; dweight accumulates) (" .. dt .. ")", H.scoped(function()
       -- rows kept in registers (up to 1024 per warp, 8192 per block; f64 256 / 2048), rows read
-      -- twice (longer), ragged tails, and rows that are not 16-byte aligned (12289); 1536, 2048
-      -- and 4096 go to groups of 64 and 128 lanes (two or four rows a block: 3 and 7 rows leave
-      -- a group of the last block with none)
+      -- twice (longer), ragged tails, and rows that are not 16-byte aligned (12289); bf16 1536 and
+      -- 2048 go forward on groups of 64 lanes (four rows a block: 7 rows leave groups of the last
+      -- block with none; every group size is checked below)
       for k, rd in ipairs({ { 1, 256 }, { 7, 100 }, { 4096, 256 }, { 512, 2048 }, { 64, 4096 }, { 3, 8192 },
         { 5, 1000 }, { 2, 12289 }, { 2, 16384 }, { 3, 4096 }, { 7, 1536 } }) do
         local rows, dim = rd[1], rd[2]
