@@ -25,6 +25,7 @@ local common = require("common")
 local llama3 = require("models.llama3")
 local optim = require("titan.optim")
 local cuda_graph = require("titan.cuda_graph")
+local profiler = require("titan.profiler")
 local ffi, C = titan.ffi, titan.C
 local F = titan.F
 
@@ -414,8 +415,10 @@ end
 
 -- graphs: after the first step, replay the forward + backward and the
 -- update (clip, AdamW, zero_grad) from two CUDA graphs (titan.cuda_graph;
--- training.cuda_graphs in the trainer).
-local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, graphs)
+-- training.cuda_graphs in the trainer). profile: one more step after the
+-- timed ones, region by region (titan.profiler, a sync at every region):
+-- where the step's time goes, printed and kept in the JSON.
+local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, graphs, profile)
   for _, dt in ipairs(dtypes) do
     local r = guarded("train", label .. " " .. dt, need, function()
       -- What the run holds on the device, released whether it ends or fails
@@ -457,10 +460,11 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
         local y = ids:narrow(2, 2, T):contiguous():to(DEV)
         local stats_dev = ON_GPU and "cuda:0" or "cpu"
         local last_loss
-        local function fwd_bwd()
-          local logits = model(x)
-          local loss = F.cross_entropy(logits:reshape(-1, V), y:reshape(-1), { num_tokens = B * T })
-          loss:backward()
+        local function ce(logits) return F.cross_entropy(logits:reshape(-1, V), y:reshape(-1), { num_tokens = B * T }) end
+        local function fwd_bwd() -- (the regions time only the profiled step)
+          local logits = profiler.region("forward", "step", model, x)
+          local loss = profiler.region("loss", "step", ce, logits)
+          profiler.region("backward", "step", loss.backward, loss)
           return loss
         end
         -- As the trainer does: the loss is read once, after the update; the
@@ -499,12 +503,14 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
             local grads = {}
             for _, p in ipairs(params) do grads[#grads + 1] = p.grad end
             eager_nc = eager_nc or titan.keep(titan.zeros({ 2 }, { dtype = "float64", device = DEV }))
-            titan.ops.global_norm_dev_(grads, 1.0, eager_nc)
-            if not opt:step_on_device(eager_nc) then -- float64: the host path
-              optim.clip_grad_norm(params, 1.0)
-              opt:step()
-            end
-            opt:zero_grad({ set_to_none = not graphs }) -- a graph accumulates into the same buffers
+            profiler.region("optimizer", "step", function()
+              titan.ops.global_norm_dev_(grads, 1.0, eager_nc)
+              if not opt:step_on_device(eager_nc) then -- float64: the host path
+                optim.clip_grad_norm(params, 1.0)
+                opt:step()
+              end
+              opt:zero_grad({ set_to_none = not graphs }) -- a graph accumulates into the same buffers
+            end)
           end
           last_loss = loss_t:item()
           if not (graphs and i > 1) then loss_t:free() end
@@ -530,6 +536,22 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
         print(("  [train] %s %s B%d T%d%s: %.1f ms/step, %.0f tokens/s, MFU %.1f%%, peak %.1f GiB (built in %.1f s, loss %.3f)")
           :format(label, dt, B, T, graphs and (" cuda graph (%d nodes)"):format(nodes or 0) or "", res.step_ms, tps,
             100 * res.mfu, res.peak_gib, build_s, last_loss))
+        if profile and not graphs then
+          local prof = profiler.new({ sync = sync })
+          prof:name_modules(model)
+          prof:start()
+          prof:region("step", "step", step, warmup + steps + 1)
+          prof:stop()
+          print(("  [profile] %s %s B%d T%d: one more step, timed region by region: %.1f ms (a device sync at "
+            .. "each region; the timed steps: %.1f ms)"):format(label, dt, B, T, prof:elapsed() * 1e3, res.step_ms))
+          print(prof:summary_text(30))
+          res.profile = {}
+          for i, row in ipairs(prof:summary()) do
+            if i > 80 then break end
+            res.profile[i] = { cat = row.cat, name = row.name, calls = row.calls, total_ms = row.total * 1e3,
+              self_ms = row.self * 1e3 }
+          end
+        end
         return res
       end)
       cleanup()
@@ -572,14 +594,14 @@ else
 end
 if S then
   train_bench("tiny", { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 256, multiple_of = 32,
-    max_seq_len = 64 }, 2, 32, { BF }, 2, 1, 0)
+    max_seq_len = 64 }, 2, 32, { BF }, 2, 1, 0, false, true)
   -- The graph path too (emulated on the CPU: a check of this script only).
   cuda_graph.emulate = not ON_GPU
   train_bench("tiny", { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 256, multiple_of = 32,
     max_seq_len = 64 }, 2, 32, { BF }, 2, 1, 0, true)
   cuda_graph.emulate = false
 else
-  train_bench("llama3 1B", "1B", 1, 8192, { "bfloat16", "float32" }, 5, 2, 45)
+  train_bench("llama3 1B", "1B", 1, 8192, { "bfloat16", "float32" }, 5, 2, 45, false, true)
   train_bench("llama3 debugmodel", "debugmodel", 16, 2048, { "bfloat16", "float32" }, 10, 3, 15)
   -- Launch-bound: a small step, eager and replayed from a CUDA graph.
   local dm = train_bench("llama3 debugmodel", "debugmodel", 4, 512, { "bfloat16", "float32" }, 10, 3, 8)

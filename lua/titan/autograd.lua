@@ -12,6 +12,7 @@
 -- node has run, not when the garbage collector gets to them.
 local tensor = require("titan.tensor")
 local memory = require("titan.memory")
+local profiler = require("titan.profiler")
 local tffi = require("titan.ffi")
 local C, check = tffi.C, tffi.check
 
@@ -70,6 +71,8 @@ function M.record(name, out, inputs, n, backward, saved)
   end
   out.requires_grad = true
   out._node = { name = name, inputs = inputs, n = n or #inputs, backward = backward, saved = owned }
+  -- (a profiled step names each backward by the module whose forward made it)
+  if profiler.active then out._node.where = profiler.active:current() end
   return out
 end
 
@@ -185,7 +188,14 @@ function M.backward(root, grad, opts)
         pending[node] = nil
         holder[g] = nil
         local ctx = setmetatable({ node = node, _pending = pending }, Ctx)
-        local grads = node.backward(ctx, g) or {}
+        local grads
+        local prof = profiler.active
+        if prof then
+          grads = prof:region(node.where and (node.where .. " " .. node.name) or node.name, "backward", node.backward,
+            ctx, g) or {}
+        else
+          grads = node.backward(ctx, g) or {}
+        end
         for i = 1, node.n do
           local gi, inp = grads[i], node.inputs[i]
           if gi and type(inp) == "table" and inp.requires_grad then

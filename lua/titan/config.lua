@@ -99,11 +99,16 @@ M.defaults = {
   debug = {
     deterministic = false,  -- same seed, same bits on a GPU (cuDNN attention: deterministic engines only)
   },
+  profiling = {
+    enable_profiling = false,             -- time every module, backward node and phase of some steps
+    save_traces_folder = "profile_traces", -- under job.dump_folder: iteration_N/rank<r>_trace.json
+    profile_freq = 10,                    -- the steps profiled: every Nth
+  },
 }
 
 -- The sections in the order a recipe reads (help and docs use it).
 M.sections = { "job", "model", "optimizer", "lr_scheduler", "training", "validation", "metrics", "checkpoint",
-  "activation_checkpoint", "parallelism", "debug" }
+  "activation_checkpoint", "parallelism", "debug", "profiling" }
 
 -- One line per key for `titan RECIPE.lua --help` (docs/recipes.md has the
 -- long form). training_spec checks that every key has one, and a row there.
@@ -179,6 +184,9 @@ M.descriptions = {
   ["parallelism.pipeline_parallel_layers_per_stage"] =
     "blocks per stage (stages = n_layers / this, a multiple of pp); -1: one stage per rank (Interleaved1F1B: 2)",
   ["debug.deterministic"] = "same seed, same bits on a GPU (deterministic cuDNN engines only)",
+  ["profiling.enable_profiling"] = "time every module, backward node and phase of every profile_freq-th step",
+  ["profiling.save_traces_folder"] = "under job.dump_folder: iteration_N/rank<r>_trace.json (Chrome trace) + summary",
+  ["profiling.profile_freq"] = "profile every Nth step",
 }
 
 local function sorted_keys(t)
@@ -405,6 +413,13 @@ function M.validate(cfg)
     "training.mixed_precision_reduce: only float32 gradient reduction is available, got '" .. t.mixed_precision_reduce .. "'")
   need(cfg.optimizer.name == "AdamW", "optimizer.name: only AdamW is available, got '" .. cfg.optimizer.name .. "'")
   need(cfg.metrics.log_freq >= 1, "metrics.log_freq must be >= 1")
+  local prof = cfg.profiling
+  need(prof.profile_freq >= 1 and prof.profile_freq % 1 == 0, ("profiling.profile_freq = %s; expected a positive "
+    .. "number of steps"):format(tostring(prof.profile_freq)))
+  need(prof.save_traces_folder ~= "", "profiling.save_traces_folder is empty; expected a folder name under "
+    .. "job.dump_folder")
+  need(not (prof.enable_profiling and t.cuda_graphs), "profiling.enable_profiling: not with training.cuda_graphs "
+    .. "(a step replayed from a graph has no regions to time); profile with --training.cuda_graphs=false")
   do
     local ok, err = pcall(require("parallel.ac").plan, cfg.activation_checkpoint)
     need(ok, tostring(err))

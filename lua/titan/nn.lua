@@ -11,6 +11,7 @@
 local tensor = require("titan.tensor")
 local memory = require("titan.memory")
 local F = require("titan.functional")
+local profiler = require("titan.profiler")
 local tffi = require("titan.ffi")
 local C = tffi.C
 
@@ -54,7 +55,12 @@ end
 
 function Module:init() end
 
-function Module:__call(...) return self:forward(...) end
+-- (A profiler, while one is active, times each forward as a region.)
+function Module:__call(...)
+  local p = profiler.active
+  if p then return p:module_call(self, ...) end
+  return self:forward(...)
+end
 
 -- Registration by assignment keeps declaration order (for state dicts and
 -- a fixed gradient-norm order): use these, or plain assignment in init via

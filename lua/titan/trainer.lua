@@ -17,6 +17,7 @@ local ckpt = require("titan.checkpoint")
 local memory = require("titan.memory")
 local ops = require("titan.ops")
 local dist = require("titan.dist")
+local profiler = require("titan.profiler")
 local F = titan.F
 
 local M = {}
@@ -49,11 +50,13 @@ function M.next_batches(tr)
   return batches, num_tokens
 end
 
--- Forward and backward of one micro-batch; returns its loss tensor.
+-- Forward and backward of one micro-batch; returns its loss tensor. (The
+-- regions only time a profiled step: profiler.region is fn(...) otherwise.)
+local function backward(loss) loss:backward() end
 function M.forward_backward(tr, b, ctx)
-  local logits = tr.model(b.inputs)
-  local loss = tr.loss_fn(logits, b.targets, ctx)
-  loss:backward()
+  local logits = profiler.region("forward", "step", tr.model, b.inputs)
+  local loss = profiler.region("loss", "step", tr.loss_fn, logits, b.targets, ctx)
+  profiler.region("backward", "step", backward, loss)
   return loss
 end
 
@@ -112,7 +115,7 @@ end
 
 -- One optimizer step's worth of forward/backward.
 function M.train_step(tr, step)
-  local batches, num_tokens = M.next_batches(tr)
+  local batches, num_tokens = profiler.region("data", "step", M.next_batches, tr)
   local ctx = { num_tokens = num_tokens, step = step, trainer = tr }
   return M.run_micro_batches(tr, batches, ctx), num_tokens
 end
@@ -410,8 +413,22 @@ function M.new(cfg, opts)
   self.train_step = cfg.train_step or M.train_step
   if t.cuda_graphs then require("titan.graph_step").enable(self, cfg) end
 
+  -- Profiling (docs/profiling.md): regions of every profile_freq-th step,
+  -- the device synchronized at each region's edges on a GPU.
+  if cfg.profiling.enable_profiling then
+    local dev = t.device
+    self.profiler = profiler.new({ sync = dev:match("^cuda") and function() titan.synchronize(dev) end or nil })
+    self.profiler:name_modules(self.model)
+  end
+
   -- Metrics.
   mkdir_p(cfg.job.dump_folder)
+  if self.profiler then -- (made now: a folder that cannot be made stops the job before its first step)
+    local ok, err = pcall(require("titan.checkpoint.fs").mkdirs, self:traces_folder())
+    if not ok then
+      error(("trainer: profiling.save_traces_folder: %s"):format((tostring(err):gsub("^checkpoint: ", ""))), 0)
+    end
+  end
   local peak = cfg.metrics.peak_flops
   local measured = peak <= 0 and t.device == "cpu"
   if peak <= 0 then peak = measured and metrics.measure_cpu_peak_flops() or 989e12 end
@@ -663,6 +680,63 @@ function Trainer:agree_signal(signum)
   return v > 0 and v or nil
 end
 
+-- Forward/backward, gradient reduction and the update of one step: the
+-- loss, the step's tokens and the gradient norm (or a function reading it).
+local function reduce(self, params, loss)
+  if self.tp_plan and self.tp_plan.partial then self:reduce_partial_grads(params) end
+  if self.pp_group then loss = self.pp_group:sum_numbers({ loss })[1] end -- (the last stage's)
+  if self.fsdp then
+    loss = self.dp:sum_numbers({ loss })[1] -- (the gradients were reduce-scattered in the backward)
+  elseif self.dp then
+    loss = self:reduce_gradients(params, loss)
+  end
+  return loss
+end
+
+function Trainer:step_once(step, params)
+  local loss, ntok = self:train_step(step)
+  loss = profiler.region("gradient reduction", "step", reduce, self, params, loss)
+  if loss ~= loss or loss == math.huge or loss == -math.huge then
+    -- Stop before the update: the weights stay those of the last good step, and
+    -- nothing of this step is logged or saved.
+    local saved = self.checkpoint.last_saved
+    self.optimizer:zero_grad({ set_to_none = self.graph_state == nil })
+    error(("trainer: loss is %s at step %d; nothing from this step was saved (%s); lower optimizer.lr, "
+      .. "set training.max_norm, or check the data"):format(loss ~= loss and "NaN" or "infinite", step,
+      saved and ("the last checkpoint is step " .. saved) or "no checkpoint was saved"), 0)
+  end
+  return loss, ntok, profiler.region("optimizer", "step", self.update, self, params)
+end
+
+-- A profiled step's trace and summary: <dump_folder>/<save_traces_folder>/
+-- iteration_<step>/rank<r>_trace.json and rank<r>_summary.txt; rank 0
+-- prints the heaviest regions.
+-- profiling.save_traces_folder under job.dump_folder (an absolute path as it is).
+function Trainer:traces_folder()
+  local f = self.cfg.profiling.save_traces_folder
+  return f:sub(1, 1) == "/" and f or (self.cfg.job.dump_folder .. "/" .. f)
+end
+
+function Trainer:write_profile(step, prof)
+  local dir = ("%s/iteration_%d"):format(self:traces_folder(), step)
+  local ok, err = pcall(require("titan.checkpoint.fs").mkdirs, dir)
+  if not ok then
+    error(("trainer: profiling.save_traces_folder: %s"):format((tostring(err):gsub("^checkpoint: ", ""))), 0)
+  end
+  local trace = ("%s/rank%d_trace.json"):format(dir, self.rank)
+  prof:write_trace(trace, { rank = self.rank, step = step, world = self.world, device = self.device })
+  local text = prof:summary_text()
+  local f = io.open(("%s/rank%d_summary.txt"):format(dir, self.rank), "w")
+  if f then
+    f:write(("step %d, rank %d, %.3f ms with a device sync at each region\n"):format(step, self.rank,
+      prof:elapsed() * 1e3), text, "\n")
+    f:close()
+  end
+  self.print(("profiler: step %d took %.1f ms timed region by region (slower than an unprofiled step); trace %s; "
+    .. "the heaviest regions by their own time:"):format(step, prof:elapsed() * 1e3, trace))
+  self.print(prof:summary_text(12))
+end
+
 -- After the gradients of a step: clip them, step the optimizer, zero them.
 -- Returns the gradient norm before clipping. (titan.graph_step replaces it
 -- with a replay of the same three, which returns a function reading the
@@ -742,24 +816,18 @@ function Trainer:train(until_step)
     local step = self.step + 1
     local factor = self.schedule.factor(step)
     self.optimizer:set_lr_factor(factor)
-    local loss, ntok = self:train_step(step)
-    if self.tp_plan and self.tp_plan.partial then self:reduce_partial_grads(params) end
-    if self.pp_group then loss = self.pp_group:sum_numbers({ loss })[1] end -- (the last stage's)
-    if self.fsdp then
-      loss = self.dp:sum_numbers({ loss })[1] -- (the gradients were reduce-scattered in the backward)
-    elseif self.dp then
-      loss = self:reduce_gradients(params, loss)
+    local loss, ntok, grad_norm
+    local prof = self.profiler and step % cfg.profiling.profile_freq == 0 and self.profiler or nil
+    if prof then
+      prof:start()
+      local ok, a, b, c = pcall(prof.region, prof, "step " .. step, "step", self.step_once, self, step, params)
+      prof:stop()
+      if not ok then error(a, 0) end
+      loss, ntok, grad_norm = a, b, c
+      self:write_profile(step, prof)
+    else
+      loss, ntok, grad_norm = self:step_once(step, params)
     end
-    if loss ~= loss or loss == math.huge or loss == -math.huge then
-      -- Stop before the update: the weights stay those of the last good step, and
-      -- nothing of this step is logged or saved.
-      local saved = self.checkpoint.last_saved
-      self.optimizer:zero_grad({ set_to_none = self.graph_state == nil })
-      error(("trainer: loss is %s at step %d; nothing from this step was saved (%s); lower optimizer.lr, "
-        .. "set training.max_norm, or check the data"):format(loss ~= loss and "NaN" or "infinite", step,
-        saved and ("the last checkpoint is step " .. saved) or "no checkpoint was saved"), 0)
-    end
-    local grad_norm = self:update(params)
     self.step = step
     losses[#losses + 1] = loss
     self.last_loss = loss

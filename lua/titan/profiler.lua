@@ -1,0 +1,181 @@
+-- profiler.lua — where a training step's time goes: nested regions (the
+-- trainer's phases, every module's forward, every backward node) timed on
+-- the host clock, with the device synchronized at each region's start and
+-- end, so that on a GPU a region's time is the time of its own kernels.
+-- The syncs slow the profiled steps down (more on small models, whose
+-- kernels are short); the other steps are untouched: the hooks in nn and
+-- autograd cost one table read while no profiler is active.
+--
+--   local p = profiler.new({ sync = function() titan.synchronize("cuda:0") end })
+--   p:start()
+--   profiler.region("forward", "step", model, x)   -- fn(...) inside a region
+--   p:stop()
+--   p:write_trace("trace.json", { rank = 0 })      -- Chrome trace: chrome://tracing, ui.perfetto.dev
+--   print(p:summary_text(15))                       -- the heaviest regions by their own time
+--
+-- The trainer runs it every profiling.profile_freq steps (docs/profiling.md).
+local M = {}
+
+-- The profiler timing right now, or nil: what the hooks read.
+M.active = nil
+
+local Profiler = {}
+Profiler.__index = Profiler
+
+-- opts.clock: seconds (default: the monotonic clock); opts.sync: a function
+-- that waits for the device (default: none, as on the CPU).
+function M.new(opts)
+  opts = opts or {}
+  return setmetatable({
+    clock = opts.clock or require("titan.clock").now,
+    sync = opts.sync or function() end,
+    names = setmetatable({}, { __mode = "k" }), -- module -> its name in the model
+    events = {},
+    stack = {},
+  }, Profiler)
+end
+
+-- Name the model's modules ("layers.3.attention.wq"; the root "model", or
+-- `prefix`) for the regions of their forwards; others show their class.
+function Profiler:name_modules(model, prefix)
+  for _, nm in ipairs(model:named_modules()) do
+    local name = nm[1]
+    if prefix and prefix ~= "" then name = name == "" and prefix or (prefix .. "." .. name) end
+    self.names[nm[2]] = name == "" and "model" or name
+  end
+end
+
+function Profiler:start()
+  if M.active then error("profiler: another profiler is already active", 2) end
+  self.events, self.stack = {}, {}
+  self.sync()
+  self.t0 = self.clock()
+  M.active = self
+end
+
+-- Stops timing; regions left open by an error are closed here.
+function Profiler:stop()
+  while #self.stack > 0 do self:pop() end
+  M.active = nil
+  self.t1 = self.clock()
+end
+
+function Profiler:push(name, cat)
+  self.sync()
+  self.stack[#self.stack + 1] = { name = name, cat = cat, t = self.clock(), child = 0 }
+end
+
+function Profiler:pop()
+  self.sync()
+  local now = self.clock()
+  local e = table.remove(self.stack)
+  local dur = now - e.t
+  self.events[#self.events + 1] = { name = e.name, cat = e.cat, ts = e.t - self.t0, dur = dur, self = dur - e.child,
+    depth = #self.stack }
+  local parent = self.stack[#self.stack]
+  if parent then parent.child = parent.child + dur end
+end
+
+-- The innermost open region's name (a backward node records the module it
+-- was made in), or nil.
+function Profiler:current()
+  local top = self.stack[#self.stack]
+  return top and top.name
+end
+
+local function close(p, ok, ...)
+  p:pop()
+  if not ok then error((...), 0) end
+  return ...
+end
+
+function Profiler:region(name, cat, fn, ...)
+  self:push(name, cat)
+  return close(self, pcall(fn, ...))
+end
+
+-- fn(...) inside a region of the active profiler; just fn(...) without one.
+function M.region(name, cat, fn, ...)
+  local p = M.active
+  if not p then return fn(...) end
+  return p:region(name, cat, fn, ...)
+end
+
+-- A module's forward (nn.Module's __call while a profiler is active).
+function Profiler:module_call(m, ...)
+  return self:region(self.names[m] or m.__name or "module", "module", m.forward, m, ...)
+end
+
+-- ---- reading the results -----------------------------------------------------------
+
+-- Regions grouped by category and name, with the index of a repeated
+-- block ("layers.3.") written "layers.*.", so the 16 layers of a model
+-- make one row: { cat, name, calls, total, self } sorted by self time.
+function Profiler:summary()
+  local rows, by = {}, {}
+  for _, e in ipairs(self.events) do
+    local name = e.name:gsub("%.%d+%.", ".*."):gsub("%.%d+$", ".*"):gsub("^%d+%.", "*.")
+    local key = e.cat .. "\0" .. name
+    local r = by[key]
+    if not r then
+      r = { cat = e.cat, name = name, calls = 0, total = 0, self = 0 }
+      by[key] = r
+      rows[#rows + 1] = r
+    end
+    r.calls, r.total, r.self = r.calls + 1, r.total + e.dur, r.self + e.self
+  end
+  table.sort(rows, function(a, b)
+    if a.self ~= b.self then return a.self > b.self end
+    return a.cat .. a.name < b.cat .. b.name
+  end)
+  return rows
+end
+
+-- Seconds from start to stop.
+function Profiler:elapsed() return (self.t1 or self.clock()) - self.t0 end
+
+-- The summary as a table, the `top` rows with the most self time (all
+-- when top is nil); self time is a region's own, its inner regions' taken out.
+function Profiler:summary_text(top)
+  local rows, wall = self:summary(), self:elapsed()
+  local lines = { ("%-8s %-52s %7s %11s %11s %7s"):format("kind", "region", "calls", "total ms", "self ms", "self %") }
+  for i, r in ipairs(rows) do
+    if top and i > top then
+      lines[#lines + 1] = ("(%d more rows)"):format(#rows - top)
+      break
+    end
+    local name = #r.name > 52 and ("..." .. r.name:sub(-49)) or r.name
+    lines[#lines + 1] = ("%-8s %-52s %7d %11.3f %11.3f %6.1f%%"):format(r.cat, name, r.calls, r.total * 1e3,
+      r.self * 1e3, 100 * r.self / math.max(wall, 1e-12))
+  end
+  return table.concat(lines, "\n")
+end
+
+-- The events as a Chrome trace (the JSON Object Format's complete events:
+-- chrome://tracing and ui.perfetto.dev open it); meta.rank is the process
+-- id, the rest of meta goes into otherData.
+function Profiler:trace(meta)
+  meta = meta or {}
+  local ev = {}
+  for i, e in ipairs(self.events) do
+    ev[i] = { name = e.name, cat = e.cat, ph = "X", ts = e.ts * 1e6, dur = e.dur * 1e6, pid = meta.rank or 0, tid = 0 }
+  end
+  -- outer regions first where two start together (pop order is inner first)
+  table.sort(ev, function(a, b)
+    if a.ts ~= b.ts then return a.ts < b.ts end
+    return a.dur > b.dur
+  end)
+  local other = {}
+  for k, v in pairs(meta) do other[k] = v end
+  return { traceEvents = ev, displayTimeUnit = "ms", otherData = other }
+end
+
+function Profiler:write_trace(path, meta)
+  local text = require("cjson").encode(self:trace(meta))
+  local f, err = io.open(path, "w")
+  if not f then error(("profiler: cannot write the trace %s: %s"):format(path, tostring(err)), 0) end
+  f:write(text, "\n")
+  f:close()
+end
+
+return M

@@ -1,0 +1,195 @@
+-- The profiler (lua/titan/profiler.lua): regions and their self/total
+-- times on a clock the spec controls, the summary's grouping, the Chrome
+-- trace, errors inside regions; then a profiled training step through the
+-- CLI: its files, its printed table, and the same losses as without it.
+local titan = require("titan")
+local profiler = require("titan.profiler")
+local nn = titan.nn
+local env = require("titan.env")
+local cjson = require("cjson")
+
+-- A clock that moves only when told; sync counts its calls.
+local function fake()
+  local c = { t = 100, syncs = 0 }
+  c.clock = function() return c.t end
+  c.sync = function() c.syncs = c.syncs + 1 end
+  c.advance = function(dt) c.t = c.t + dt end
+  return c
+end
+
+describe("profiler regions", function()
+  after_each(function() profiler.active = nil end)
+
+  it("nest: a region's self time is its total less its inner regions'; the device syncs at every edge", function()
+    local c = fake()
+    local p = profiler.new({ clock = c.clock, sync = c.sync })
+    p:start()
+    local r = { p:region("outer", "step", function(a, b)
+      c.advance(1)
+      profiler.region("inner", "module", function() c.advance(2) end)
+      profiler.region("inner", "module", function() c.advance(3) end)
+      c.advance(4)
+      return a + b, "two"
+    end, 20, 22) }
+    p:stop()
+    assert.are.same({ 42, "two" }, r) -- every result of fn comes back
+    assert.are.equal(10, p:elapsed())
+    assert.are.equal(1 + 2 * 3, c.syncs) -- start, then both edges of three regions
+    local rows = {}
+    for _, row in ipairs(p:summary()) do rows[row.cat .. " " .. row.name] = row end
+    assert.are.same({ cat = "step", name = "outer", calls = 1, total = 10, self = 5 }, rows["step outer"])
+    assert.are.same({ cat = "module", name = "inner", calls = 2, total = 5, self = 5 }, rows["module inner"])
+    assert.is_nil(profiler.active)
+  end)
+
+  it("without an active profiler a region is the plain call, and modules are not timed", function()
+    local calls = 0
+    assert.are.equal(7, profiler.region("x", "step", function(v) calls = calls + 1; return v end, 7))
+    assert.are.equal(1, calls)
+    local lin = nn.Linear(4, 3)
+    local y = lin(titan.ones({ 2, 4 }))
+    assert.are.same({ 2, 3 }, y:shape())
+  end)
+
+  it("an error inside a region closes it and reaches the caller unchanged; stop closes what is left open", function()
+    local c = fake()
+    local p = profiler.new({ clock = c.clock, sync = c.sync })
+    p:start()
+    local ok, err = pcall(p.region, p, "fails", "step", function()
+      c.advance(2)
+      error("the original message", 0)
+    end)
+    assert.is_false(ok)
+    assert.are.equal("the original message", err)
+    p:push("left open", "step")
+    c.advance(1)
+    p:stop()
+    assert.is_nil(profiler.active)
+    local names = {}
+    for _, e in ipairs(p.events) do names[e.name] = e.dur end
+    assert.are.same({ fails = 2, ["left open"] = 1 }, names)
+    -- one profiler at a time
+    local q = profiler.new({ clock = c.clock })
+    q:start()
+    assert.has_error(function() profiler.new({ clock = c.clock }):start() end,
+      "profiler: another profiler is already active")
+    q:stop()
+  end)
+
+  it("names the model's modules, rolls repeated blocks into one row, and backward nodes carry their module",
+    function()
+      local Block = nn.Module:extend("Block")
+      function Block:init() self.fc = nn.Linear(4, 4) end
+      function Block:forward(x) return self.fc(x):relu() end
+      local Net = nn.Module:extend("Net")
+      function Net:init()
+        self.layers = nn.Module:extend("ModuleList")() -- numbered children, as lua/models/llama3.lua
+        for i = 0, 2 do self.layers:child(tostring(i), Block()) end
+      end
+      function Net:forward(x)
+        for _, nb in ipairs(self.layers:named_children()) do x = nb[2](x) end
+        return x:sum()
+      end
+      local net = Net()
+      local p = profiler.new()
+      p:name_modules(net)
+      p:start()
+      local loss = profiler.region("forward", "step", net, titan.randn({ 2, 4 }))
+      profiler.region("backward", "step", function() loss:backward() end)
+      p:stop()
+      local seen = {}
+      for _, e in ipairs(p.events) do seen[e.cat .. " " .. e.name] = (seen[e.cat .. " " .. e.name] or 0) + 1 end
+      assert.are.equal(1, seen["module model"], "the root module is 'model'")
+      for i = 0, 2 do
+        assert.are.equal(1, seen["module layers." .. i .. ".fc"], cjson.encode(seen))
+        -- the linear's backward is named by the module whose forward recorded it
+        assert.are.equal(1, seen["backward layers." .. i .. ".fc linear"], cjson.encode(seen))
+      end
+      local rows = {}
+      for _, r in ipairs(p:summary()) do rows[r.cat .. " " .. r.name] = r end
+      assert.are.equal(3, rows["module layers.*.fc"].calls)
+      assert.are.equal(3, rows["module layers.*"].calls)
+      assert.are.equal(3, rows["backward layers.*.fc linear"].calls)
+    end)
+
+  it("writes a Chrome trace: complete events in microseconds, outer before inner, the rank as pid", function()
+    local c = fake()
+    local p = profiler.new({ clock = c.clock })
+    p:start()
+    p:region("step 3", "step", function()
+      c.advance(0.001)
+      p:region("forward", "step", function() c.advance(0.002) end)
+    end)
+    p:stop()
+    local path = os.tmpname()
+    p:write_trace(path, { rank = 5, step = 3 })
+    local f = assert(io.open(path))
+    local doc = cjson.decode(f:read("*a"))
+    f:close()
+    os.remove(path)
+    assert.are.equal(2, #doc.traceEvents)
+    local outer, inner = doc.traceEvents[1], doc.traceEvents[2]
+    assert.are.equal("step 3", outer.name)
+    assert.are.equal("forward", inner.name)
+    assert.are.equal("X", outer.ph)
+    assert.are.equal(5, outer.pid)
+    assert.is_true(math.abs(outer.dur - 3000) < 1e-6, tostring(outer.dur))
+    assert.is_true(math.abs(inner.ts - 1000) < 1e-6 and math.abs(inner.dur - 2000) < 1e-6)
+    assert.are.equal(3, doc.otherData.step)
+    assert.has_error(function() p:write_trace("/nonexistent-dir/trace.json") end)
+  end)
+end)
+
+describe("profiling a training step (profiling.* keys)", function()
+  local exe = env.build_dir .. "/titan"
+  local function run(args)
+    local p = io.popen(exe .. " lua/recipes/llama3_debugmodel.lua --training.steps=3 --validation.enable=false "
+      .. "--training.seq_len=64 --training.local_batch_size=2 --metrics.peak_flops=1e11 --metrics.log_freq=1 " .. args .. " 2>&1; echo rc=$?")
+    local out = p:read("*a")
+    p:close()
+    return out, tonumber(out:match("rc=(%d+)%s*$"))
+  end
+  local function losses(out)
+    local t = {}
+    for v in out:gmatch("loss:%s+([%d%.]+)") do t[#t + 1] = v end
+    return t
+  end
+
+  it("every profile_freq-th step writes a trace and a summary, prints the heaviest regions, changes no loss",
+    function()
+      local dump = os.tmpname()
+      os.remove(dump)
+      local plain, rc0 = run("--job.dump_folder=" .. dump .. "-plain")
+      assert.are.equal(0, rc0, plain)
+      local out, rc = run("--job.dump_folder=" .. dump .. " --profiling.enable_profiling --profiling.profile_freq=2")
+      assert.are.equal(0, rc, out)
+      assert.are.same(losses(plain), losses(out))
+      assert.are.equal(3, #losses(out))
+      assert.is_nil(io.open(dump .. "-plain/profile_traces"), "no traces without enable_profiling")
+      -- step 2 only
+      local dir = dump .. "/profile_traces/iteration_2"
+      assert.truthy(out:find("profiler: step 2 took [%d%.]+ ms timed region by region"), out)
+      assert.truthy(out:find(dir .. "/rank0_trace.json", 1, true), out)
+      assert.truthy(out:find("kind%s+region%s+calls%s+total ms%s+self ms%s+self %%"), out)
+      assert.is_nil(io.open(dump .. "/profile_traces/iteration_1"))
+      assert.is_nil(io.open(dump .. "/profile_traces/iteration_3"))
+      local f = assert(io.open(dir .. "/rank0_trace.json"))
+      local doc = cjson.decode(f:read("*a"))
+      f:close()
+      local names = {}
+      for _, e in ipairs(doc.traceEvents) do names[e.cat .. " " .. e.name] = (names[e.cat .. " " .. e.name] or 0) + 1 end
+      for _, want in ipairs({ "step step 2", "step data", "step forward", "step loss", "step backward",
+        "step gradient reduction", "step optimizer", "module model", "module layers.0.attention",
+        "module layers.5.feed_forward.w2", "backward layers.5.feed_forward.w2 linear",
+        "backward layers.0.attention attention" }) do
+        assert.truthy(names[want], want .. " in the trace")
+      end
+      assert.are.equal(1, names["step step 2"])
+      f = assert(io.open(dir .. "/rank0_summary.txt"))
+      local summary = f:read("*a")
+      f:close()
+      assert.truthy(summary:find("^step 2, rank 0, [%d%.]+ ms with a device sync at each region\n"), summary)
+      assert.truthy(summary:find("layers.*.feed_forward.w2", 1, true), summary)
+      os.execute("rm -rf '" .. dump .. "' '" .. dump .. "-plain'")
+    end)
+end)
