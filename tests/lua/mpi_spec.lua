@@ -323,9 +323,28 @@ describe("pipeline parallelism over MPI", function()
     out = run_ok(train_cmd(2, inter, with(VAL, { steps, "--training.local_batch_size=4", "--parallelism.pp=2",
       "--parallelism.pipeline_parallel_schedule=Interleaved1F1B" })))
     assert.truthy(out:find("4 stages over 2 ranks (Interleaved1F1B", 1, true), out)
+    -- (profiled at step 2: every rank writes its own trace, of its own stage's blocks)
     out = run_ok(train_cmd(4, ppdp, { steps, "--training.local_batch_size=2", "--parallelism.pp=2",
-      "--parallelism.dp_replicate=-1", "--parallelism.dp_shard=1" }))
+      "--parallelism.dp_replicate=-1", "--parallelism.dp_shard=1", "--profiling.enable_profiling",
+      "--profiling.profile_freq=2" }))
     assert.truthy(out:find("data parallel: 2 ranks (DDP", 1, true), out)
+    assert.truthy(out:find("profiler: step 2 took", 1, true), out)
+    for rank = 0, 3 do
+      local f = assert(io.open(("%s/profile_traces/iteration_2/rank%d_trace.json"):format(ppdp, rank)))
+      local doc = cjson.decode(f:read("*a"))
+      f:close()
+      local seen = {}
+      for _, e in ipairs(doc.traceEvents) do seen[e.cat .. " " .. e.name] = true end
+      assert.are.equal(rank, doc.otherData.rank)
+      for _, want in ipairs({ "step step 2", "step gradient reduction", "step optimizer" }) do
+        assert.truthy(seen[want], ("rank %d: %s"):format(rank, want))
+      end
+      -- blocks 0-2 on the first stage (ranks 0, 1), 3-5 on the second
+      local mine, other = rank < 2 and "layers.0" or "layers.5", rank < 2 and "layers.5" or "layers.0"
+      assert.truthy(seen["module " .. mine .. ".feed_forward.w2"], ("rank %d: %s"):format(rank, mine))
+      assert.truthy(seen["backward " .. mine .. ".feed_forward.w2 linear"], ("rank %d: its backward"):format(rank))
+      assert.is_nil(seen["module " .. other .. ".feed_forward.w2"], ("rank %d: %s"):format(rank, other))
+    end
     -- 3D on 8 ranks: 2 stages x (dp_shard = -1: FSDP over 2) x tp 2; two stages per rank, each its own FSDP and
     -- TP, micro-batches in flight between a unit's forward and backward, and blocks recomputed
     out = run_ok(train_cmd(8, threed, with(VAL, { steps, "--training.local_batch_size=2", "--parallelism.pp=2",
