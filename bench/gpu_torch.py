@@ -431,7 +431,27 @@ def flops_per_token(model, a, T):
     return 6 * matmul_params + 12 * a.n_layers * a.n_heads * a.head_dim * T, n
 
 
-def train(label, flavor, B, T, mode, steps, warmup, need):
+def profile_step(label, mode, step, cuda):
+    """One more step under torch.profiler: its heaviest ops by their own device
+    time (host time on the CPU), next to bench/gpu.lua's region-by-region profile
+    of Titan's step. Returns the top rows for the JSON."""
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        step()
+        sync()
+    avgs = prof.key_averages()
+    key = "self_cpu_time_total"
+    if cuda:  # (renamed self_device_time_total in torch 2.4; the old name is gone in some later ones)
+        key = "self_device_time_total" if len(avgs) and hasattr(avgs[0], "self_device_time_total") \
+            else "self_cuda_time_total"
+    print(f"  [profile] {label} {mode}: one more step under torch.profiler, ops by {key}", flush=True)
+    print(avgs.table(sort_by=key, row_limit=30), flush=True)
+    rows = sorted(avgs, key=lambda e: getattr(e, key, 0), reverse=True)[:60]
+    return [dict(name=e.key, calls=e.count, self_ms=getattr(e, key, 0) / 1e3) for e in rows]
+
+
+def train(label, flavor, B, T, mode, steps, warmup, need, profile=False):
     def run():
         dev = ARGS.device
         cuda = dev.startswith("cuda")
@@ -504,6 +524,8 @@ def train(label, flavor, B, T, mode, steps, warmup, need):
         print(f"  [train] {label} {mode} B{B} T{T} (sdpa {attn}): {t * 1e3:.1f} ms/step, {tps:.0f} tokens/s, "
               f"MFU {100 * r['mfu']:.1f}%, "
               f"peak {peak:.1f} GiB (first step {first_s:.1f} s, loss {loss:.3f})", flush=True)
+        if profile:
+            r["profile"] = profile_step(label, mode, step, cuda)
         return r
 
     r = guarded("train", f"{label} {mode}", need, run)
@@ -590,11 +612,11 @@ def main():
         attention(1, 8192, 32, 8, 128, bf, "flash")
     memory_benches(S)
     if S:
-        train("tiny", "tiny", 2, 32, "eager-amp", 2, 1, 0)
+        train("tiny", "tiny", 2, 32, "eager-amp", 2, 1, 0, profile=True)
         train("tiny", "tiny", 2, 32, "eager-bf16", 2, 1, 0)
     else:
         for mode in ("eager-amp", "eager-bf16"):
-            train("llama3 1B", "1B", 1, 8192, mode, 5, 2, 40)
+            train("llama3 1B", "1B", 1, 8192, mode, 5, 2, 40, profile=True)
             train("llama3 debugmodel", "debugmodel", 16, 2048, mode, 10, 3, 15)
         # The launch-bound shape bench/gpu.lua also runs from a CUDA graph.
         train("llama3 debugmodel", "debugmodel", 4, 512, "eager-amp", 10, 3, 8)
