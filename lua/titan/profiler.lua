@@ -23,12 +23,17 @@ local Profiler = {}
 Profiler.__index = Profiler
 
 -- opts.clock: seconds (default: the monotonic clock); opts.sync: a function
--- that waits for the device (default: none, as on the CPU).
+-- that waits for the device (default: none, as on the CPU); opts.memory: a
+-- function giving the device's allocated bytes (default: none), read at
+-- each region's edges: what a region leaves allocated (a forward, its
+-- activations; a backward, minus what it frees) and a memory track in the trace.
 function M.new(opts)
   opts = opts or {}
   return setmetatable({
     clock = opts.clock or require("titan.clock").now,
     sync = opts.sync or function() end,
+    memory = opts.memory,
+    samples = {},
     names = setmetatable({}, { __mode = "k" }), -- module -> its name in the model
     events = {},
     stack = {},
@@ -47,9 +52,10 @@ end
 
 function Profiler:start()
   if M.active then error("profiler: another profiler is already active", 2) end
-  self.events, self.stack = {}, {}
+  self.events, self.stack, self.samples = {}, {}, {}
   self.sync()
   self.t0 = self.clock()
+  self:sample(self.t0)
   M.active = self
 end
 
@@ -60,9 +66,18 @@ function Profiler:stop()
   self.t1 = self.clock()
 end
 
+-- The allocated bytes at time t (a memory track), returned; nil without opts.memory.
+function Profiler:sample(t)
+  if not self.memory then return nil end
+  local bytes = self.memory()
+  self.samples[#self.samples + 1] = { ts = t - self.t0, bytes = bytes }
+  return bytes
+end
+
 function Profiler:push(name, cat)
   self.sync()
-  self.stack[#self.stack + 1] = { name = name, cat = cat, t = self.clock(), child = 0 }
+  local t = self.clock()
+  self.stack[#self.stack + 1] = { name = name, cat = cat, t = t, child = 0, mem = self:sample(t) }
 end
 
 function Profiler:pop()
@@ -70,8 +85,9 @@ function Profiler:pop()
   local now = self.clock()
   local e = table.remove(self.stack)
   local dur = now - e.t
+  local mem = self:sample(now)
   self.events[#self.events + 1] = { name = e.name, cat = e.cat, ts = e.t - self.t0, dur = dur, self = dur - e.child,
-    depth = #self.stack }
+    depth = #self.stack, mem = mem and e.mem and (mem - e.mem) or nil }
   local parent = self.stack[#self.stack]
   if parent then parent.child = parent.child + dur end
 end
@@ -110,7 +126,8 @@ end
 
 -- Regions grouped by category and name, with the index of a repeated
 -- block ("layers.3.") written "layers.*.", so the 16 layers of a model
--- make one row: { cat, name, calls, total, self } sorted by self time.
+-- make one row: { cat, name, calls, total, self, mem } sorted by self time
+-- (mem: the bytes its regions left allocated, summed; nil without opts.memory).
 function Profiler:summary()
   local rows, by = {}, {}
   for _, e in ipairs(self.events) do
@@ -118,11 +135,12 @@ function Profiler:summary()
     local key = e.cat .. "\0" .. name
     local r = by[key]
     if not r then
-      r = { cat = e.cat, name = name, calls = 0, total = 0, self = 0 }
+      r = { cat = e.cat, name = name, calls = 0, total = 0, self = 0, mem = e.mem and 0 or nil }
       by[key] = r
       rows[#rows + 1] = r
     end
     r.calls, r.total, r.self = r.calls + 1, r.total + e.dur, r.self + e.self
+    if e.mem then r.mem = (r.mem or 0) + e.mem end
   end
   table.sort(rows, function(a, b)
     if a.self ~= b.self then return a.self > b.self end
@@ -138,15 +156,17 @@ function Profiler:elapsed() return (self.t1 or self.clock()) - self.t0 end
 -- when top is nil); self time is a region's own, its inner regions' taken out.
 function Profiler:summary_text(top)
   local rows, wall = self:summary(), self:elapsed()
-  local lines = { ("%-8s %-52s %7s %11s %11s %7s"):format("kind", "region", "calls", "total ms", "self ms", "self %") }
+  local mem = self.memory ~= nil
+  local lines = { ("%-8s %-52s %7s %11s %11s %7s%s"):format("kind", "region", "calls", "total ms", "self ms", "self %",
+    mem and "   mem MiB" or "") }
   for i, r in ipairs(rows) do
     if top and i > top then
       lines[#lines + 1] = ("(%d more rows)"):format(#rows - top)
       break
     end
     local name = #r.name > 52 and ("..." .. r.name:sub(-49)) or r.name
-    lines[#lines + 1] = ("%-8s %-52s %7d %11.3f %11.3f %6.1f%%"):format(r.cat, name, r.calls, r.total * 1e3,
-      r.self * 1e3, 100 * r.self / math.max(wall, 1e-12))
+    lines[#lines + 1] = ("%-8s %-52s %7d %11.3f %11.3f %6.1f%%%s"):format(r.cat, name, r.calls, r.total * 1e3,
+      r.self * 1e3, 100 * r.self / math.max(wall, 1e-12), mem and ("%+10.1f"):format((r.mem or 0) / 2 ^ 20) or "")
   end
   return table.concat(lines, "\n")
 end
@@ -165,6 +185,10 @@ function Profiler:trace(meta)
     if a.ts ~= b.ts then return a.ts < b.ts end
     return a.dur > b.dur
   end)
+  for _, m in ipairs(self.samples) do -- the memory track (a counter)
+    ev[#ev + 1] = { name = "allocated", cat = "memory", ph = "C", ts = m.ts * 1e6, pid = meta.rank or 0,
+      args = { MiB = m.bytes / 2 ^ 20 } }
+  end
   local other = {}
   for k, v in pairs(meta) do other[k] = v end
   return { traceEvents = ev, displayTimeUnit = "ms", otherData = other }

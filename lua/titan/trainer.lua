@@ -417,7 +417,8 @@ function M.new(cfg, opts)
   -- the device synchronized at each region's edges on a GPU.
   if cfg.profiling.enable_profiling then
     local dev = t.device
-    self.profiler = profiler.new({ sync = dev:match("^cuda") and function() titan.synchronize(dev) end or nil })
+    self.profiler = profiler.new({ sync = dev:match("^cuda") and function() titan.synchronize(dev) end or nil,
+      memory = function() return titan.memory_stats(dev).allocated end })
     self.profiler:name_modules(self.model)
   end
 
@@ -728,12 +729,13 @@ function Trainer:write_profile(step, prof)
   local text = prof:summary_text()
   local f = io.open(("%s/rank%d_summary.txt"):format(dir, self.rank), "w")
   if f then
-    f:write(("step %d, rank %d, %.3f ms with a device sync at each region\n"):format(step, self.rank,
-      prof:elapsed() * 1e3), text, "\n")
+    f:write(("step %d, rank %d, %.3f ms timed region by region%s\n"):format(step, self.rank, prof:elapsed() * 1e3,
+      self.device:match("^cuda") and ", with a device sync at each" or ""), text, "\n")
     f:close()
   end
-  self.print(("profiler: step %d took %.1f ms timed region by region (slower than an unprofiled step); trace %s; "
-    .. "the heaviest regions by their own time:"):format(step, prof:elapsed() * 1e3, trace))
+  local synced = self.device:match("^cuda") and " with a device sync at each (slower than an unprofiled step)" or ""
+  self.print(("profiler: step %d took %.1f ms timed region by region%s; trace %s; the heaviest regions by their "
+    .. "own time:"):format(step, prof:elapsed() * 1e3, synced, trace))
   self.print(prof:summary_text(12))
 end
 

@@ -112,6 +112,32 @@ describe("profiler regions", function()
       assert.are.equal(3, rows["backward layers.*.fc linear"].calls)
     end)
 
+  it("with a memory reader: what each region left allocated, per row, and a memory track in the trace", function()
+    local c, bytes = fake(), 0
+    local p = profiler.new({ clock = c.clock, memory = function() return bytes end })
+    p:start()
+    p:region("forward", "step", function()
+      profiler.region("layers.0", "module", function() bytes = bytes + 3 * 2 ^ 20 end) -- keeps 3 MiB
+      profiler.region("layers.1", "module", function() bytes = bytes + 2 ^ 20 end)
+    end)
+    p:region("backward", "step", function() bytes = bytes - 4 * 2 ^ 20 end)
+    p:stop()
+    local rows = {}
+    for _, r in ipairs(p:summary()) do rows[r.name] = r end
+    assert.are.equal(4 * 2 ^ 20, rows["forward"].mem)
+    assert.are.equal(4 * 2 ^ 20, rows["layers.*"].mem) -- both blocks in one row
+    assert.are.equal(-4 * 2 ^ 20, rows["backward"].mem)
+    local text = p:summary_text()
+    assert.truthy(text:find("mem MiB", 1, true), text)
+    assert.truthy(text:find("backward%s.-%-4%.0\n") or text:find("backward%s.-%-4%.0$"), text)
+    local counters = {}
+    for _, e in ipairs(p:trace().traceEvents) do
+      if e.ph == "C" then counters[#counters + 1] = e.args.MiB end
+    end
+    -- start, then both edges of 4 regions
+    assert.are.same({ 0, 0, 0, 3, 3, 4, 4, 4, 0 }, counters)
+  end)
+
   it("writes a Chrome trace: complete events in microseconds, outer before inner, the rank as pid", function()
     local c = fake()
     local p = profiler.new({ clock = c.clock })
@@ -170,7 +196,7 @@ describe("profiling a training step (profiling.* keys)", function()
       local dir = dump .. "/profile_traces/iteration_2"
       assert.truthy(out:find("profiler: step 2 took [%d%.]+ ms timed region by region"), out)
       assert.truthy(out:find(dir .. "/rank0_trace.json", 1, true), out)
-      assert.truthy(out:find("kind%s+region%s+calls%s+total ms%s+self ms%s+self %%"), out)
+      assert.truthy(out:find("kind%s+region%s+calls%s+total ms%s+self ms%s+self %%%s+mem MiB"), out)
       assert.is_nil(io.open(dump .. "/profile_traces/iteration_1"))
       assert.is_nil(io.open(dump .. "/profile_traces/iteration_3"))
       local f = assert(io.open(dir .. "/rank0_trace.json"))
@@ -185,10 +211,11 @@ describe("profiling a training step (profiling.* keys)", function()
         assert.truthy(names[want], want .. " in the trace")
       end
       assert.are.equal(1, names["step step 2"])
+      assert.truthy(names["memory allocated"], "the memory track")
       f = assert(io.open(dir .. "/rank0_summary.txt"))
       local summary = f:read("*a")
       f:close()
-      assert.truthy(summary:find("^step 2, rank 0, [%d%.]+ ms with a device sync at each region\n"), summary)
+      assert.truthy(summary:find("^step 2, rank 0, [%d%.]+ ms timed region by region\n"), summary)
       assert.truthy(summary:find("layers.*.feed_forward.w2", 1, true), summary)
       os.execute("rm -rf '" .. dump .. "' '" .. dump .. "-plain'")
     end)
