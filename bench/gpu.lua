@@ -537,7 +537,8 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
           :format(label, dt, B, T, graphs and (" cuda graph (%d nodes)"):format(nodes or 0) or "", res.step_ms, tps,
             100 * res.mfu, res.peak_gib, build_s, last_loss))
         if profile and not graphs then
-          local prof = profiler.new({ sync = sync, memory = function() return titan.memory_stats(stats_dev).allocated end })
+          local prof = profiler.new({ sync = sync,
+            memory = function() return titan.memory_stats(stats_dev).allocated end })
           prof:name_modules(model)
           prof:start()
           prof:region("step", "step", step, warmup + steps + 1)

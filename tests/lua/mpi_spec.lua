@@ -305,11 +305,12 @@ describe("tensor parallelism over MPI", function()
 end)
 
 describe("pipeline parallelism over MPI", function()
-  it("pp 2 under 1F1B, GPipe (with AC) and Interleaved1F1B, pp 2 x DDP 2, and pp x FSDP x TP (3D) train the "
-    .. "losses of one process", function()
+  it("pp 2 under 1F1B, GPipe (with AC) and Interleaved1F1B, pp 2 x DDP 2, pp 2 x HSDP 2 x 2 and pp x FSDP x TP "
+    .. "(3D) train the losses of one process", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
     local steps = "--training.steps=3"
     local one, f1b, gpipe, inter, ppdp, threed = baseline(), tmpdir(), tmpdir(), tmpdir(), tmpdir(), tmpdir()
+    local pphsdp = tmpdir()
     -- (every stage reads the same data: batch 4 each, 4 micro-batches of one row)
     local out = run_ok(train_cmd(2, f1b, with(VAL, { steps, "--training.local_batch_size=4", "--parallelism.pp=2" })))
     assert.truthy(out:find("pipeline parallel: 2 stages over 2 ranks (1F1B, 4 micro-batches of 1 rows per batch); "
@@ -345,6 +346,10 @@ describe("pipeline parallelism over MPI", function()
       assert.truthy(seen["backward " .. mine .. ".feed_forward.w2 linear"], ("rank %d: its backward"):format(rank))
       assert.is_nil(seen["module " .. other .. ".feed_forward.w2"], ("rank %d: %s"):format(rank, other))
     end
+    -- HSDP under PP on 8 ranks: 2 stages x 2 replicas x 2 shards, one row per rank
+    out = run_ok(train_cmd(8, pphsdp, { steps, "--training.local_batch_size=1", "--parallelism.pp=2",
+      "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2" }))
+    assert.truthy(out:find("FSDP over 2 shards x 2 replicas (HSDP", 1, true), out)
     -- 3D on 8 ranks: 2 stages x (dp_shard = -1: FSDP over 2) x tp 2; two stages per rank, each its own FSDP and
     -- TP, micro-batches in flight between a unit's forward and backward, and blocks recomputed
     out = run_ok(train_cmd(8, threed, with(VAL, { steps, "--training.local_batch_size=2", "--parallelism.pp=2",
@@ -353,7 +358,8 @@ describe("pipeline parallelism over MPI", function()
     assert.truthy(out:find("data parallel: 2 ranks, FSDP over 2 shards", 1, true), out)
     assert.truthy(out:find("tensor parallel: 2 ranks", 1, true), out)
     local a = losses(one)
-    for name, dump in pairs({ f1b = f1b, gpipe = gpipe, inter = inter, ppdp = ppdp, threed = threed }) do
+    for name, dump in pairs({ f1b = f1b, gpipe = gpipe, inter = inter, ppdp = ppdp, threed = threed,
+      pphsdp = pphsdp }) do
       local b = losses(dump)
       for s = 1, 3 do close(a[s], b[s], s, name) end
     end

@@ -170,7 +170,8 @@ describe("profiling a training step (profiling.* keys)", function()
   local exe = env.build_dir .. "/titan"
   local function run(args)
     local p = io.popen(exe .. " lua/recipes/llama3_debugmodel.lua --training.steps=3 --validation.enable=false "
-      .. "--training.seq_len=64 --training.local_batch_size=2 --metrics.peak_flops=1e11 --metrics.log_freq=1 " .. args .. " 2>&1; echo rc=$?")
+      .. "--training.seq_len=64 --training.local_batch_size=2 --metrics.peak_flops=1e11 --metrics.log_freq=1 "
+      .. args .. " 2>&1; echo rc=$?")
     local out = p:read("*a")
     p:close()
     return out, tonumber(out:match("rc=(%d+)%s*$"))
@@ -203,7 +204,10 @@ describe("profiling a training step (profiling.* keys)", function()
       local doc = cjson.decode(f:read("*a"))
       f:close()
       local names = {}
-      for _, e in ipairs(doc.traceEvents) do names[e.cat .. " " .. e.name] = (names[e.cat .. " " .. e.name] or 0) + 1 end
+      for _, e in ipairs(doc.traceEvents) do
+        local key = e.cat .. " " .. e.name
+        names[key] = (names[key] or 0) + 1
+      end
       for _, want in ipairs({ "step step 2", "step data", "step forward", "step loss", "step backward",
         "step gradient reduction", "step optimizer", "module model", "module layers.0.attention",
         "module layers.5.feed_forward.w2", "backward layers.5.feed_forward.w2 linear",
