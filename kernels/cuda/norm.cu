@@ -161,10 +161,11 @@ __device__ __forceinline__ void tt_norm_row(int64_t want, int64_t end, int64_t r
  * without spilling (checked with -Xptxas -v for sm_90a), where left alone
  * it takes up to 106 for a 4-chunk bf16 row and the SM holds two. */
 template <int DT, int G, int K, bool RES>
-__global__ void __launch_bounds__(TT_CUDA_THREADS, 3) tt_rmsnorm_kernel(int64_t rows, int64_t dim, double eps, const typename tt_ft<DT>::S *__restrict__ x,
-                                  const typename tt_ft<DT>::S *__restrict__ res, const typename tt_ft<DT>::S *__restrict__ w,
-                                  typename tt_ft<DT>::S *__restrict__ h, typename tt_ft<DT>::S *__restrict__ y,
-                                  typename tt_ft<DT>::C *__restrict__ rstd) {
+__global__ void __launch_bounds__(TT_CUDA_THREADS, 3)
+    tt_rmsnorm_kernel(int64_t rows, int64_t dim, double eps, const typename tt_ft<DT>::S *__restrict__ x,
+                      const typename tt_ft<DT>::S *__restrict__ res, const typename tt_ft<DT>::S *__restrict__ w,
+                      typename tt_ft<DT>::S *__restrict__ h, typename tt_ft<DT>::S *__restrict__ y,
+                      typename tt_ft<DT>::C *__restrict__ rstd) {
   typedef typename tt_ft<DT>::S S;
   typedef typename tt_ft<DT>::C C;
   constexpr int V = 16 / sizeof(S);

@@ -126,9 +126,12 @@ local Trainer = {}
 Trainer.__index = Trainer
 M.Trainer = Trainer
 
-local function mkdir_p(path)
+-- Makes path (and its parents), or stops with one line naming the config key it came from.
+local function mkdir_p(path, key)
   local ok, err = pcall(require("titan.checkpoint.fs").mkdirs, path)
-  if not ok then error(("trainer: job.dump_folder: %s"):format((tostring(err):gsub("^checkpoint: ", ""))), 0) end
+  if not ok then
+    error(("trainer: %s: %s"):format(key or "job.dump_folder", (tostring(err):gsub("^checkpoint: ", ""))), 0)
+  end
 end
 
 -- The parallelism degrees against the ranks this job has (TorchTitan's
@@ -424,12 +427,8 @@ function M.new(cfg, opts)
 
   -- Metrics.
   mkdir_p(cfg.job.dump_folder)
-  if self.profiler then -- (made now: a folder that cannot be made stops the job before its first step)
-    local ok, err = pcall(require("titan.checkpoint.fs").mkdirs, self:traces_folder())
-    if not ok then
-      error(("trainer: profiling.save_traces_folder: %s"):format((tostring(err):gsub("^checkpoint: ", ""))), 0)
-    end
-  end
+  -- (made now: a folder that cannot be made stops the job before its first step)
+  if self.profiler then mkdir_p(self:traces_folder(), "profiling.save_traces_folder") end
   local peak = cfg.metrics.peak_flops
   local measured = peak <= 0 and t.device == "cpu"
   if peak <= 0 then peak = measured and metrics.measure_cpu_peak_flops() or 989e12 end
@@ -709,21 +708,18 @@ function Trainer:step_once(step, params)
   return loss, ntok, profiler.region("optimizer", "step", self.update, self, params)
 end
 
--- A profiled step's trace and summary: <dump_folder>/<save_traces_folder>/
--- iteration_<step>/rank<r>_trace.json and rank<r>_summary.txt; rank 0
--- prints the heaviest regions.
 -- profiling.save_traces_folder under job.dump_folder (an absolute path as it is).
 function Trainer:traces_folder()
   local f = self.cfg.profiling.save_traces_folder
   return f:sub(1, 1) == "/" and f or (self.cfg.job.dump_folder .. "/" .. f)
 end
 
+-- A profiled step's trace and summary: <dump_folder>/<save_traces_folder>/
+-- iteration_<step>/rank<r>_trace.json and rank<r>_summary.txt; rank 0
+-- prints the heaviest regions.
 function Trainer:write_profile(step, prof)
   local dir = ("%s/iteration_%d"):format(self:traces_folder(), step)
-  local ok, err = pcall(require("titan.checkpoint.fs").mkdirs, dir)
-  if not ok then
-    error(("trainer: profiling.save_traces_folder: %s"):format((tostring(err):gsub("^checkpoint: ", ""))), 0)
-  end
+  mkdir_p(dir, "profiling.save_traces_folder")
   local trace = ("%s/rank%d_trace.json"):format(dir, self.rank)
   prof:write_trace(trace, { rank = self.rank, step = step, world = self.world, device = self.device })
   local text = prof:summary_text()

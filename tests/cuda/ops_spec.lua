@@ -396,6 +396,34 @@ describe("cuda ops: embedding", function()
   end
 end)
 
+-- One RMSNorm case: seeded inputs and the CPU float64 reference of y, rstd,
+-- dx and dweight (accumulated onto dw0).
+local function rmsnorm_case(rows, dim, dt, seed)
+  local c = { rows = rows, dim = dim, dt = dt, what = ("rmsnorm %dx%d %s"):format(rows, dim, dt) }
+  c.x, c.w = H.randn({ rows, dim }, seed, dt, 3), H.randn({ dim }, 10 + seed, dt, 0.5, 1)
+  c.dy, c.dw0 = H.randn({ rows, dim }, 20 + seed, dt), H.randn({ dim }, 30 + seed, dt)
+  c.ry, c.rr = ref(c.what, 2, function(o1, o2) return C.tt_op_rmsnorm(f64(c.x)._c, f64(c.w)._c, 1e-5, o1, o2) end)
+  c.rdw = f64(c.dw0)
+  c.rdx = ref(c.what .. " backward", 1, function(o)
+    return C.tt_op_rmsnorm_backward(f64(c.x)._c, f64(c.w)._c, c.rr._c, f64(c.dy)._c, o, c.rdw._c)
+  end)
+  return c
+end
+
+-- The device's forward and backward (poisoned outputs, dweight onto dw0) against the case's reference.
+local function check_rmsnorm(c, what)
+  local y, rstd = poison({ c.rows, c.dim }, c.dt), poison({ c.rows }, stat_dtype(c.dt))
+  run(what, { y, rstd }, function(o1, o2) return C.tt_op_rmsnorm(dev(c.x)._c, dev(c.w)._c, 1e-5, o1, o2) end)
+  H.check(y, c.ry, H.tol(c.dt), what .. " y")
+  H.check(rstd, c.rr, H.tol(stat_dtype(c.dt)), what .. " rstd")
+  local dx, gdw = poison({ c.rows, c.dim }, c.dt), dev(c.dw0)
+  run(what .. " backward", { dx }, function(o)
+    return C.tt_op_rmsnorm_backward(dev(c.x)._c, dev(c.w)._c, rstd._c, dev(c.dy)._c, o, gdw._c)
+  end)
+  H.check(dx, c.rdx, H.tol(c.dt, 2), what .. " dx")
+  H.check(gdw, c.rdw, H.tol(c.dt, 4), what .. " dweight (accumulated)")
+end
+
 describe("cuda ops: rmsnorm", function()
   for _, dt in ipairs({ "float32", "float64", "bfloat16" }) do
     it("forward (y, rstd) and backward (dx; dweight accumulates) (" .. dt .. ")", H.scoped(function()
@@ -405,27 +433,8 @@ describe("cuda ops: rmsnorm", function()
       -- block with none; every group size is checked below)
       for k, rd in ipairs({ { 1, 256 }, { 7, 100 }, { 4096, 256 }, { 512, 2048 }, { 64, 4096 }, { 3, 8192 },
         { 5, 1000 }, { 2, 12289 }, { 2, 16384 }, { 3, 4096 }, { 7, 1536 } }) do
-        local rows, dim = rd[1], rd[2]
-        local x = H.randn({ rows, dim }, k, dt, 3)
-        local w = H.randn({ dim }, 10 + k, dt, 0.5, 1)
-        local what = ("rmsnorm %dx%d %s"):format(rows, dim, dt)
-        local ry, rr = ref(what, 2, function(o1, o2) return C.tt_op_rmsnorm(f64(x)._c, f64(w)._c, 1e-5, o1, o2) end)
-        local y, rstd = poison({ rows, dim }, dt), poison({ rows }, stat_dtype(dt))
-        run(what, { y, rstd }, function(o1, o2) return C.tt_op_rmsnorm(dev(x)._c, dev(w)._c, 1e-5, o1, o2) end)
-        H.check(y, ry, H.tol(dt), what .. " y")
-        H.check(rstd, rr, H.tol(stat_dtype(dt)), what .. " rstd")
-        local dy = H.randn({ rows, dim }, 20 + k, dt)
-        local dw0 = H.randn({ dim }, 30 + k, dt)
-        local rdw = f64(dw0)
-        local rdx = ref(what .. " backward", 1, function(o)
-          return C.tt_op_rmsnorm_backward(f64(x)._c, f64(w)._c, rr._c, f64(dy)._c, o, rdw._c)
-        end)
-        local dx, gdw = poison({ rows, dim }, dt), dev(dw0)
-        run(what .. " backward", { dx }, function(o)
-          return C.tt_op_rmsnorm_backward(dev(x)._c, dev(w)._c, rstd._c, dev(dy)._c, o, gdw._c)
-        end)
-        H.check(dx, rdx, H.tol(dt, 2), what .. " dx")
-        H.check(gdw, rdw, H.tol(dt, 4), what .. " dweight (accumulated)")
+        local c = rmsnorm_case(rd[1], rd[2], dt, k)
+        check_rmsnorm(c, c.what)
       end
     end))
 
@@ -478,29 +487,9 @@ describe("cuda ops: rmsnorm's lanes per row (TITAN_CUDA_NORM_GROUP)", function()
     it("each of 32, 64, 128 and 256 lanes gives the reference: y, rstd, dx and dweight (" .. dt .. ")",
       H.scoped(function()
         for k, rd in ipairs({ { 3, 4096 }, { 5, 1536 }, { 2, 12289 } }) do
-          local rows, dim = rd[1], rd[2]
-          local x, w = H.randn({ rows, dim }, 90 + k, dt, 3), H.randn({ dim }, 95 + k, dt, 0.5, 1)
-          local dy, dw0 = H.randn({ rows, dim }, 100 + k, dt), H.randn({ dim }, 105 + k, dt)
-          local what = ("rmsnorm %dx%d %s"):format(rows, dim, dt)
-          local ry, rr = ref(what, 2, function(o1, o2) return C.tt_op_rmsnorm(f64(x)._c, f64(w)._c, 1e-5, o1, o2) end)
-          local rdw = f64(dw0)
-          local rdx = ref(what .. " backward", 1, function(o)
-            return C.tt_op_rmsnorm_backward(f64(x)._c, f64(w)._c, rr._c, f64(dy)._c, o, rdw._c)
-          end)
+          local c = rmsnorm_case(rd[1], rd[2], dt, 90 + k)
           for _, g in ipairs({ "32", "64", "128", "256" }) do
-            with_group(g, function()
-              local at = what .. ", " .. g .. " lanes"
-              local y, rstd = poison({ rows, dim }, dt), poison({ rows }, "float32")
-              run(at, { y, rstd }, function(o1, o2) return C.tt_op_rmsnorm(dev(x)._c, dev(w)._c, 1e-5, o1, o2) end)
-              H.check(y, ry, H.tol(dt), at .. " y")
-              H.check(rstd, rr, H.tol("float32"), at .. " rstd")
-              local dx, gdw = poison({ rows, dim }, dt), dev(dw0)
-              run(at .. " backward", { dx }, function(o)
-                return C.tt_op_rmsnorm_backward(dev(x)._c, dev(w)._c, rstd._c, dev(dy)._c, o, gdw._c)
-              end)
-              H.check(dx, rdx, H.tol(dt, 2), at .. " dx")
-              H.check(gdw, rdw, H.tol(dt, 4), at .. " dweight (accumulated)")
-            end)
+            with_group(g, function() check_rmsnorm(c, c.what .. ", " .. g .. " lanes") end)
           end
         end
       end))
