@@ -14,6 +14,7 @@
 --   local env = dist.env()                  -- { rank, world, local_rank, local_size, launcher }
 --   local g = dist.world_group()            -- the mpi group of all ranks; nil in a single process
 --   local all = g:gather_object(v)          -- { v of rank 0, ..., v of rank W-1 } (JSON-able values)
+--   local ng = dist.nccl_world_group(dev)   -- every rank over NCCL on GPU dev (Lua values over MPI)
 local tensor = require("titan.tensor")
 local tffi = require("titan.ffi")
 local ffi, C, check = tffi.ffi, tffi.C, tffi.check
@@ -47,14 +48,25 @@ end
 -- configure time), "nccl" (TITAN_CUDA).
 function M.built(backend) return C.tt_dist_backend_built(backend) ~= 0 end
 
--- opts: backend ("fake"), rank (0), world (1), unique_id (string), device (0)
+-- opts: backend ("fake"), rank (0), world (1), unique_id (string), device (0),
+-- host (an mpi group of the same ranks in the same order: what an nccl
+-- group's gather_object and sum_numbers, which exchange Lua values, go
+-- through; its splits follow the group's).
 function M.new_group(opts)
   opts = opts or {}
   local out = ffi.new("tt_group*[1]")
   local id = opts.unique_id
   check(C.tt_group_new(opts.backend or "fake", opts.rank or 0, opts.world or 1, id, id and #id or 0,
     opts.device or 0, out), 2)
-  return wrap_group(out[0])
+  local g = wrap_group(out[0])
+  if opts.host then
+    if opts.host:size() ~= g:size() or opts.host:rank() ~= g:rank() then
+      error(("dist: the host group is rank %d of %d, the group rank %d of %d; expected the same ranks"):format(
+        opts.host:rank(), opts.host:size(), g:rank(), g:size()), 2)
+    end
+    g._host = opts.host
+  end
+  return g
 end
 
 function Group:rank() return C.tt_group_rank(self._c) end
@@ -64,7 +76,19 @@ function Group:backend() return ffi.string(C.tt_group_backend(self._c)) end
 function Group:split(color, key)
   local out = ffi.new("tt_group*[1]")
   check(C.tt_group_split(self._c, color, key or self:rank(), out), 2)
-  return wrap_group(out[0])
+  local g = wrap_group(out[0])
+  if self._host then g._host = self._host:split(color, key or self:rank()) end
+  return g
+end
+
+-- The group Lua values travel through: the host group of an nccl group, else itself.
+local function values_group(g, what)
+  if g._host then return g._host end
+  if g:backend() == "nccl" then
+    error(("dist: %s on an nccl group needs its host group (new_group's opts.host: an mpi group of the same "
+      .. "ranks), as it exchanges Lua values through host memory"):format(what), 3)
+  end
+  return g
 end
 
 function Group:all_reduce(t, op)
@@ -136,6 +160,8 @@ end
 -- the lengths, then the bytes padded to the longest). Numbers round-trip
 -- exactly (the checkpoint's JSON writer).
 function Group:gather_object(v)
+  local host = values_group(self, "gather_object")
+  if host ~= self then return host:gather_object(v) end
   local json = require("titan.checkpoint.json")
   local s = json.encode(v)
   local n = self:size()
@@ -158,6 +184,8 @@ end
 -- Sums of a list of numbers over the ranks (float64), e.g. a step's loss
 -- and token count.
 function Group:sum_numbers(list)
+  local host = values_group(self, "sum_numbers")
+  if host ~= self then return host:sum_numbers(list) end
   local t = tensor.tensor(list, { dtype = "float64" })
   self:all_reduce(t, "sum")
   local out = t:tolist_flat()
@@ -213,6 +241,32 @@ function M.world_group()
   if not ok then error((tostring(g):gsub("^[^:]*:%d+: ", "")), 0) end -- (the reason, not this line's position)
   world_group = g
   return world_group
+end
+
+-- The group of every rank over NCCL, each on its GPU `device` (an index),
+-- with the MPI world group as its host group (created once per device; nil
+-- in a single process). Rank 0's unique id reaches the others over MPI.
+local nccl_world = {}
+function M.nccl_world_group(device)
+  if nccl_world[device] then return nccl_world[device] end
+  local wg = M.world_group()
+  if not wg then return nil end
+  local id = wg:rank() == 0 and M.unique_id() or ""
+  local len = tensor.tensor({ #id }, { dtype = "int64" })
+  wg:broadcast(len, 0)
+  local n = len:tolist_flat()[1]
+  len:free()
+  local bytes = tensor.zeros({ n }, { dtype = "uint8" })
+  local data = C.tt_tensor_data(tensor.cptr(bytes))
+  if wg:rank() == 0 then ffi.copy(data, id, n) end
+  wg:broadcast(bytes, 0)
+  id = ffi.string(data, n)
+  bytes:free()
+  local ok, g = pcall(M.new_group, { backend = "nccl", rank = wg:rank(), world = wg:size(), unique_id = id,
+    device = device, host = wg })
+  if not ok then error((tostring(g):gsub("^[^:]*:%d+: ", "")), 0) end
+  nccl_world[device] = g
+  return g
 end
 
 return M

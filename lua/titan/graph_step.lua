@@ -188,6 +188,9 @@ function M.enable(tr, cfg)
   local say = function(line) tr.print("trainer: cuda graphs: " .. line) end
   if cfg.train_step then
     say("the recipe replaces train_step, which is never captured: training eagerly")
+  elseif tr.world > 1 then
+    -- (a step's collectives and the host's exchanges between them are not captured)
+    say(("one process only today (this job has %d ranks): training eagerly"):format(tr.world))
   elseif not tr.device:match("^cuda") and not cuda_graph.emulate then
     say(("they need a cuda device (training.device = %s): training eagerly"):format(tr.device))
   else

@@ -17,6 +17,7 @@ local ckpt = require("titan.checkpoint")
 local memory = require("titan.memory")
 local ops = require("titan.ops")
 local dist = require("titan.dist")
+local tensor = require("titan.tensor")
 local profiler = require("titan.profiler")
 local F = titan.F
 
@@ -206,11 +207,6 @@ function M.new(cfg, opts)
   -- Ranks: from the launcher (titan --nproc N, mpirun, srun); one process otherwise.
   local env = dist.env()
   self.rank, self.world = env.rank, env.world
-  if self.world > 1 and t.device ~= "cpu" then
-    error(("trainer: %d ranks on training.device = %s: data parallelism runs over MPI on the CPU today "
-      .. "(NCCL across GPUs is not wired into the trainer yet); expected training.device=cpu"):format(self.world,
-      t.device), 0)
-  end
   self.dp_replicate, self.dp_shard, self.tp, self.pp = resolve_parallelism(cfg.parallelism, self.world)
   -- The mesh is [pp, dp_replicate, dp_shard, tp], as TorchTitan's: pp is
   -- the outermost dim (a stage's ranks are consecutive) and tp the
@@ -233,6 +229,7 @@ function M.new(cfg, opts)
     error(("trainer: training.device = %s, but %s"):format(t.device, titan.C.tt_cuda_device_count() == 0 and
       "no CUDA device is visible (or titan was built without TITAN_CUDA)" or "that device does not exist"), 0)
   end
+  if self.world > 1 and t.device ~= "cpu" then self:check_gpu_ranks(env) end
   if t.device == "cpu" and t.mixed_precision_param == "bfloat16" then
     -- (the CPU's fused kernels are f32/f64: the first RMSNorm would stop the job after the banner)
     error("trainer: training.mixed_precision_param = bfloat16 needs training.device=cuda; the CPU kernels compute "
@@ -292,12 +289,17 @@ function M.new(cfg, opts)
   -- self.dp: the data-parallel ranks (nil: one); self.tp_group: this rank's
   -- tensor-parallel ranks.
   -- self.pp_group: this rank's pipeline (one rank of each stage).
+  -- On GPUs the tensors' groups are NCCL's (each rank on its own GPU); the
+  -- MPI world group stays for what the host decides (the stop signal, the
+  -- checkpoint's exchanges) and the groups' exchanges of Lua values.
   if self.world > 1 then
     self.world_group = dist.world_group()
-    local stage = self.world_group -- the ranks of this rank's pipeline stage
+    local all = self.world_group
+    if t.device ~= "cpu" then all = dist.nccl_world_group(tensor.device_of(t.device).index) end
+    local stage = all -- the ranks of this rank's pipeline stage
     if self.pp > 1 then
-      self.pp_group = self.world_group:split(self.stage_rank, self.pp_rank)
-      stage = inner > 1 and self.world_group:split(self.pp_rank, self.stage_rank) or nil
+      self.pp_group = all:split(self.stage_rank, self.pp_rank)
+      stage = inner > 1 and all:split(self.pp_rank, self.stage_rank) or nil
     end
     if self.tp > 1 then
       self.tp_group = stage:split(self.dp_rank, self.stage_rank)
@@ -459,6 +461,37 @@ function M.new(cfg, opts)
   return self
 end
 
+-- Ranks on GPUs: each rank of a host on its own GPU (training.device=cuda
+-- names the local rank's), their tensors' collectives over NCCL. Pipeline
+-- stages are refused there: on NCCL a send waits for its receiver, and the
+-- schedules have neighbours send to each other at once, which needs the
+-- sends and receives grouped (not built yet).
+function Trainer:check_gpu_ranks(env)
+  local t = self.cfg.training
+  if not dist.built("nccl") then
+    error(("trainer: %d ranks on training.device = %s, but this build has no NCCL backend; expected a build "
+      .. "with TITAN_CUDA, or training.device=cpu"):format(self.world, t.device), 0)
+  end
+  if self.pp > 1 then
+    error(("trainer: parallelism.pp = %d on training.device = %s: pipeline stages across GPUs are not built yet "
+      .. "(on NCCL a send waits for its receiver, and the schedules' neighbours send to each other at once); "
+      .. "expected pp = 1 on GPUs, or training.device=cpu"):format(self.pp, t.device), 0)
+  end
+  -- (a rank shown one GPU by CUDA_VISIBLE_DEVICES is taken to be shown its own)
+  local n = titan.cuda_device_count()
+  if env.local_size > 1 and not (n == 1 and os.getenv("CUDA_VISIBLE_DEVICES")) then
+    if t.device ~= "cuda" then
+      error(("trainer: training.device = %s puts the %d ranks of this host on one GPU; expected "
+        .. "training.device=cuda (each rank takes the GPU of its local rank)"):format(t.device, env.local_size), 0)
+    end
+    if env.local_size > n then
+      error(("trainer: %d ranks on this host, but %d GPU%s visible; expected one GPU per rank (at most %d ranks "
+        .. "per host, or each rank shown its own GPU by CUDA_VISIBLE_DEVICES)"):format(env.local_size, n,
+        n == 1 and " is" or "s are", n), 0)
+    end
+  end
+end
+
 -- The pipeline's stages and schedule, checked before the ranks meet: a
 -- layout that cannot run is one line.
 function Trainer:plan_pipeline(family, model)
@@ -525,17 +558,19 @@ function Trainer:banner()
     :format(t.local_batch_size, t.seq_len, self.grad_accum,
       metrics.commas(t.local_batch_size * t.seq_len * self.grad_accum * self.dp_size), t.steps, self.peak_flops / 1e9,
       self.cfg.metrics.peak_flops > 0 and "configured" or "measured", metrics.commas(self.flops_per_token)))
+  -- (on GPUs the collectives are NCCL's and the threads only feed the GPU)
+  local over = self.dp and (self.dp:backend() == "nccl" and "NCCL" or "MPI")
+  local each = t.device == "cpu" and (", %d threads each"):format(titan.num_threads()) or ""
   if self.fsdp then
     local rep = self.dp_replicate > 1 and (" x %d replicas (HSDP: shard gradients then summed over the replicas)")
       :format(self.dp_replicate) or ""
-    self.print(("data parallel: %d ranks, FSDP over %d shards%s: each rank keeps %s of the parameters (and that "
-      .. "share of gradients and optimizer state), a block's full parameters only while it runs (reshard after "
-      .. "forward: %s), %d threads each; tps and MFU are per rank"):format(self.dp_size, self.dp_shard, rep,
-      ("%.1f MiB"):format(self.fsdp:sharded_bytes() / 2 ^ 20),
-      self.cfg.parallelism.fsdp_reshard_after_forward, titan.num_threads()))
+    self.print(("data parallel over %s: %d ranks, FSDP over %d shards%s: each rank keeps %s of the parameters (and "
+      .. "that share of gradients and optimizer state), a block's full parameters only while it runs (reshard "
+      .. "after forward: %s)%s; tps and MFU are per rank"):format(over, self.dp_size, self.dp_shard, rep,
+      ("%.1f MiB"):format(self.fsdp:sharded_bytes() / 2 ^ 20), self.cfg.parallelism.fsdp_reshard_after_forward, each))
   elseif self.dp then
-    self.print(("data parallel: %d ranks (DDP over MPI: gradients summed in ~25 MB buckets each step), %d threads "
-      .. "each; tps and MFU are per rank"):format(self.dp_size, titan.num_threads()))
+    self.print(("data parallel over %s: %d ranks (DDP: gradients summed in ~25 MB buckets each step)%s; tps and "
+      .. "MFU are per rank"):format(over, self.dp_size, each))
   end
   if self.tp_plan then
     self.print(("tensor parallel: %d ranks per replica split each block's heads and feed-forward units (%s); tps "
@@ -742,11 +777,15 @@ end
 function Trainer:update(params)
   -- device_update: nil = on for GPU devices; true forces it (specs run it
   -- on the CPU, whose backend has the same ops); false = the host path.
-  if self.device_update or (self.device_update == nil and self.device ~= "cpu") then
+  -- The device path's norm is of this rank's gradients: where ranks hold
+  -- shares of them (FSDP, TP, PP), the squares must first be summed over the
+  -- ranks, which the host path does.
+  local fsdp, tpp, ppg = self.fsdp, self.tp_plan, self.pp_group
+  local whole = not (fsdp or tpp or ppg)
+  if whole and (self.device_update or (self.device_update == nil and self.device ~= "cpu")) then
     local norm = self:update_on_device(params)
     if norm then return norm end
   end
-  local fsdp, tpp, ppg = self.fsdp, self.tp_plan, self.pp_group
   local opts
   if fsdp or tpp or ppg then
     -- The squares of the split weights' pieces are summed over the tp ranks

@@ -1,12 +1,24 @@
 -- Run by tests/lua/mpi_spec.lua on every rank of `titan --nproc N`: each
 -- collective of the mpi backend against the values every rank can work
 -- out for itself. A mismatch is an error (the rank exits non-zero); each
--- check passed prints "rank R ok NAME".
+-- check passed prints "rank R ok NAME". With TITAN_WORKER_BACKEND=nccl
+-- (tests/cuemu/multi_gpu_spec.lua, ranks of titan_cuemu) the same on the
+-- nccl backend's world group, each rank's tensors on its own GPU.
 local titan = require("titan")
 local dist = require("titan.dist")
+local tensor = require("titan.tensor")
 
-local g = assert(dist.world_group(), "mpi_worker: expected to run under titan --nproc N (N > 1)")
+local nccl = os.getenv("TITAN_WORKER_BACKEND") == "nccl"
+assert(dist.world_group(), "mpi_worker: expected to run under titan --nproc N (N > 1)")
+local g = nccl and dist.nccl_world_group(tensor.default_cuda()) or dist.world_group()
 local r, n = g:rank(), g:size()
+-- tensor options on this rank's device
+local dev = nccl and "cuda" or "cpu"
+local function on(opts)
+  opts = opts or {}
+  opts.device = dev
+  return opts
+end
 
 local function same(name, got, want, tol)
   assert(#got == #want, ("%s: %d values, expected %d"):format(name, #got, #want))
@@ -21,23 +33,23 @@ end
 -- all_reduce: every op and the float and integer dtypes
 local function sum_of(f) local s = 0; for q = 0, n - 1 do s = s + f(q) end; return s end
 for _, dt in ipairs({ "float32", "float64", "int64", "int32" }) do
-  local t = titan.tensor({ r + 1, -(r + 1), 7 }, { dtype = dt })
+  local t = titan.tensor({ r + 1, -(r + 1), 7 }, on({ dtype = dt }))
   g:all_reduce(t, "sum")
   same("all_reduce sum " .. dt, t:tolist_flat(), { sum_of(function(q) return q + 1 end),
     -sum_of(function(q) return q + 1 end), 7 * n })
-  t = titan.tensor({ r + 1, -(r + 1) }, { dtype = dt })
+  t = titan.tensor({ r + 1, -(r + 1) }, on({ dtype = dt }))
   g:all_reduce(t, "max")
   same("all_reduce max " .. dt, t:tolist_flat(), { n, -1 })
-  t = titan.tensor({ r + 1, -(r + 1) }, { dtype = dt })
+  t = titan.tensor({ r + 1, -(r + 1) }, on({ dtype = dt }))
   g:all_reduce(t, "min")
   same("all_reduce min " .. dt, t:tolist_flat(), { 1, -n })
 end
-local t = titan.tensor({ 2 * r, 1 }, { dtype = "float32" })
+local t = titan.tensor({ 2 * r, 1 }, on({ dtype = "float32" }))
 g:all_reduce(t, "avg")
 same("all_reduce avg float32", t:tolist_flat(), { n - 1, 1 }, 1e-6)
 
 -- all_gather (also bfloat16: moved as bytes, not converted)
-local mine = titan.tensor({ { r, 10 * r } }, { dtype = "float32" })
+local mine = titan.tensor({ { r, 10 * r } }, on({ dtype = "float32" }))
 local want = {}
 for q = 0, n - 1 do want[#want + 1] = q; want[#want + 1] = 10 * q end
 same("all_gather float32", g:all_gather(mine):tolist_flat(), want)
@@ -46,47 +58,51 @@ same("all_gather bfloat16", g:all_gather(mine:to("bfloat16")):to("float32"):toli
 -- reduce_scatter: rank r holds full[q] = q + r for every chunk q
 local full = {}
 for q = 0, n - 1 do full[#full + 1] = { q + r, 1 } end
-local part = g:reduce_scatter(titan.tensor(full, { dtype = "float64" }), "sum")
+local part = g:reduce_scatter(titan.tensor(full, on({ dtype = "float64" })), "sum")
 same("reduce_scatter sum", part:tolist_flat(), { n * r + sum_of(function(q) return q end), n })
-part = g:reduce_scatter(titan.tensor(full, { dtype = "float32" }), "avg")
+part = g:reduce_scatter(titan.tensor(full, on({ dtype = "float32" })), "avg")
 same("reduce_scatter avg", part:tolist_flat(), { r + sum_of(function(q) return q end) / n, 1 }, 1e-6)
 
 -- broadcast from the last rank
-local b = titan.tensor({ r, r, r }, { dtype = "int64" })
+local b = titan.tensor({ r, r, r }, on({ dtype = "int64" }))
 g:broadcast(b, n - 1)
 same("broadcast", b:tolist_flat(), { n - 1, n - 1, n - 1 })
 
 -- all_to_all: rank r sends 100 r + q to rank q
 local out = {}
 for q = 0, n - 1 do out[#out + 1] = 100 * r + q end
-local got = g:all_to_all(titan.tensor(out, { dtype = "int32" }))
+local got = g:all_to_all(titan.tensor(out, on({ dtype = "int32" })))
 want = {}
 for q = 0, n - 1 do want[#want + 1] = 100 * q + r end
 same("all_to_all", got:tolist_flat(), want)
 
 -- send/recv around a ring (even ranks send first, so no rank waits on itself)
 local nxt, prv = (r + 1) % n, (r - 1 + n) % n
-local box = titan.zeros({ 4 }, { dtype = "float32" })
-local msg = titan.full({ 4 }, r + 0.5, { dtype = "float32" })
+local box = titan.zeros({ 4 }, on({ dtype = "float32" }))
+local msg = titan.full({ 4 }, r + 0.5, on({ dtype = "float32" }))
 if r % 2 == 0 then g:send(msg, nxt); g:recv(box, prv) else g:recv(box, prv); g:send(msg, nxt) end
 same("send/recv", box:tolist_flat(), { prv + 0.5, prv + 0.5, prv + 0.5, prv + 0.5 })
 
 -- isend with tags (pipeline schedules): every rank sends two 4 MB messages to
 -- the next at once and takes its neighbour's in the other order; blocking
--- sends of that size would wait on each other all around the ring.
-local big = 2 ^ 20
-local m1, m2 = titan.full({ big }, r + 1, { dtype = "float32" }), titan.full({ big }, -(r + 1), { dtype = "float32" })
-local w1, w2 = g:isend(m1, nxt, 7), g:isend(m2, nxt, 8)
-m1:free() -- (the work holds its own reference until the send completes)
-local in2, in1 = g:recv(titan.zeros({ big }), prv, 8), g:recv(titan.zeros({ big }), prv, 7)
-w1:wait(); w2:wait()
-same("isend/recv by tag", { in1:sum():item(), in1:narrow(1, big, 1):item(), in2:sum():item() },
-  { big * (prv + 1), prv + 1, -big * (prv + 1) })
+-- sends of that size would wait on each other all around the ring. (Not on
+-- NCCL, where a send waits for its receiver and messages match in order:
+-- pipeline stages are refused on GPUs.)
+if not nccl then
+  local big = 2 ^ 20
+  local m1, m2 = titan.full({ big }, r + 1, { dtype = "float32" }), titan.full({ big }, -(r + 1), { dtype = "float32" })
+  local w1, w2 = g:isend(m1, nxt, 7), g:isend(m2, nxt, 8)
+  m1:free() -- (the work holds its own reference until the send completes)
+  local in2, in1 = g:recv(titan.zeros({ big }), prv, 8), g:recv(titan.zeros({ big }), prv, 7)
+  w1:wait(); w2:wait()
+  same("isend/recv by tag", { in1:sum():item(), in1:narrow(1, big, 1):item(), in2:sum():item() },
+    { big * (prv + 1), prv + 1, -big * (prv + 1) })
+end
 
 -- split: one group of everyone ordered backwards, and singletons
 local rev = g:split(0, n - 1 - r)
 assert(rev:rank() == n - 1 - r and rev:size() == n, "split: reversed ranks")
-local s = titan.tensor({ rev:rank() }, { dtype = "float64" })
+local s = titan.tensor({ rev:rank() }, on({ dtype = "float64" }))
 rev:broadcast(s, 0) -- rank 0 of the reversed group is world rank n - 1
 same("split", s:tolist_flat(), { 0 })
 local alone = g:split(r, 0)
@@ -108,11 +124,21 @@ local function fails(name, fn, pattern)
   assert(tostring(err):find(pattern), ("%s: error '%s' lacks '%s'"):format(name, tostring(err), pattern))
   print(("rank %d ok error %s"):format(r, name))
 end
-fails("bf16 reduction", function() g:all_reduce(titan.ones({ 2 }, { dtype = "bfloat16" })) end,
-  "bfloat16 cannot be reduced")
-fails("meta tensor", function() g:all_reduce(titan.empty({ 2 }, { device = "meta" })) end, "needs CPU tensors")
-fails("wrong rank", function() dist.new_group({ backend = "mpi", rank = 0, world = n + 1 }) end,
-  "rank %d+ of %d+ in MPI_COMM_WORLD")
+if nccl then
+  -- (NCCL reduces bfloat16: the gradients of bf16 parameters)
+  local h = titan.tensor({ r + 1, 0.5 }, on({ dtype = "bfloat16" }))
+  g:all_reduce(h, "sum")
+  same("all_reduce sum bfloat16", h:to("float32"):tolist_flat(), { sum_of(function(q) return q + 1 end), 0.5 * n })
+  fails("host tensor", function() g:all_reduce(titan.ones({ 2 })) end, "the nccl backend needs CUDA tensors")
+  fails("no host group", function() dist.new_group({ backend = "nccl", rank = 0, world = 1,
+    unique_id = dist.unique_id(), device = tensor.default_cuda() }):sum_numbers({ 1 }) end, "needs its host group")
+else
+  fails("bf16 reduction", function() g:all_reduce(titan.ones({ 2 }, { dtype = "bfloat16" })) end,
+    "bfloat16 cannot be reduced")
+  fails("meta tensor", function() g:all_reduce(titan.empty({ 2 }, { device = "meta" })) end, "needs CPU tensors")
+  fails("wrong rank", function() dist.new_group({ backend = "mpi", rank = 0, world = n + 1 }) end,
+    "rank %d+ of %d+ in MPI_COMM_WORLD")
+end
 
 g:barrier()
 print(("rank %d ok all"):format(r))

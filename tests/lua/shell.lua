@@ -21,4 +21,30 @@ end
 -- s as one single-quoted shell word.
 function M.quote(s) return "'" .. (tostring(s):gsub("'", "'\\''")) .. "'" end
 
+-- Runs cmd; its output, or an error with the exit status and the output.
+function M.run_ok(cmd)
+  local out, rc = M.run(cmd)
+  assert(rc == 0, ("exit %s from %s:\n%s"):format(tostring(rc), cmd, out))
+  return out
+end
+
+-- The elements of list a, then those of b (nil: none).
+function M.with(a, b)
+  local t = {}
+  for _, x in ipairs(a) do t[#t + 1] = x end
+  for _, x in ipairs(b or {}) do t[#t + 1] = x end
+  return t
+end
+
+-- Runs tests/lua/mpi_worker.lua as `exe --nproc n` (env: variables before
+-- it) and checks that every rank passed its `per_rank` checks and the last.
+function M.worker_ok(env, exe, n, per_rank)
+  local out, rc = M.run(env .. exe .. " --nproc " .. n .. " tests/lua/mpi_worker.lua")
+  assert(rc == 0, out)
+  for r = 0, n - 1 do assert(out:find(("rank %d ok all"):format(r), 1, true), out) end
+  local k = 0
+  for _ in out:gmatch("rank %d ok ") do k = k + 1 end
+  assert(k == n * per_rank, ("%d checks passed, expected %d:\n%s"):format(k, n * per_rank, out))
+end
+
 return M

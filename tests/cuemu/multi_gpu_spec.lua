@@ -1,0 +1,154 @@
+-- Training on several GPUs, its collectives over NCCL, run here as ranks of
+-- titan_cuemu (`titan_cuemu --nproc N`: each rank a process with the CUDA
+-- backend emulated on the CPU, TITAN_CUEMU_DEVICES GPUs a host, cuemu's NCCL
+-- across them over MPI; tests/cuemu/README.md): every collective of the nccl
+-- backend at world 3; DDP, FSDP, TP, HSDP and FSDP x TP against one GPU
+-- (losses and gradient norms); bf16 mixed precision under FSDP; an FSDP
+-- checkpoint resumed bit for bit; and the layouts refused on GPUs. Exits 77
+-- (skipped) anywhere but on cuemu; pending in a build without Open MPI.
+package.path = "./tests/cuda/?.lua;./tests/cuemu/?.lua;" .. package.path
+local S = require("step_helpers")
+S.require_cuemu("void tt_emu_counts_get(void *out);", "tt_emu_counts_get")
+local dist = require("titan.dist")
+local env = require("titan.env")
+local cjson = require("cjson")
+local sh = dofile("tests/lua/shell.lua")
+
+local exe = env.build_dir .. "/titan_cuemu"
+local mpi = dist.built("mpi")
+local NO_MPI = "titan_cuemu was built without Open MPI (libopenmpi-dev): no ranks to run"
+
+-- The debug model, tiny; each of `nproc` ranks on its own emulated GPU.
+local function train_cmd(nproc, dump, extra)
+  local args = { "lua/recipes/llama3_debugmodel.lua", "--job.dump_folder=" .. dump, "--metrics.peak_flops=1e11",
+    "--metrics.log_freq=1", "--metrics.enable_jsonl=true", "--training.seq_len=32", "--validation.enable=false",
+    "--training.shuffle=false", "--lr_scheduler.warmup_steps=2", "--training.device=cuda" }
+  for _, a in ipairs(extra or {}) do args[#args + 1] = a end
+  for i, a in ipairs(args) do args[i] = sh.quote(a) end
+  local pre = ("TITAN_CUEMU=1 TITAN_CUEMU_DEVICES=%d "):format(nproc)
+    .. (nproc > 1 and ("%s --nproc %d "):format(exe, nproc) or ("OMP_NUM_THREADS=2 %s "):format(exe))
+  return pre .. table.concat(args, " ")
+end
+
+local run_ok, with = sh.run_ok, sh.with
+
+-- {loss, grad_norm} by step from metrics.jsonl (rank 0's; a resume appends).
+local function curve(dump)
+  local out = {}
+  for line in io.lines(dump .. "/metrics.jsonl") do
+    local r = cjson.decode(line)
+    if r.loss then out[r.step] = { r.loss, r.grad_norm } end
+  end
+  return out
+end
+
+-- The same losses and gradient norms up to the rounding of sums taken in
+-- another order (rel: 2e-5 for float32).
+local function matches(want, got, steps, rel, what)
+  for s = 1, steps do
+    for k, name in ipairs({ "loss", "grad_norm" }) do
+      local a, b = want[s][k], got[s][k]
+      assert.is_true(math.abs(a - b) <= rel * math.abs(a), ("%s step %d %s: %.9g vs %.9g"):format(what, s, name, a, b))
+    end
+  end
+end
+
+-- One GPU, global batch 4 x 32, 3 steps (run once per precision).
+local base = {}
+local function one_gpu(extra)
+  local key = table.concat(extra or {}, " ")
+  if not base[key] then
+    base[key] = sh.tmpdir()
+    run_ok(train_cmd(1, base[key], with({ "--training.steps=3", "--training.local_batch_size=4" }, extra)))
+  end
+  return curve(base[key])
+end
+
+describe("the nccl backend across processes", function()
+  it("every collective at world 3, each rank on its own GPU; Lua values through the MPI host group", function()
+    if not mpi then return pending(NO_MPI) end
+    sh.worker_ok("TITAN_CUEMU=1 TITAN_CUEMU_DEVICES=3 TITAN_WORKER_BACKEND=nccl ", exe, 3, 28)
+  end)
+end)
+
+describe("training on several GPUs over NCCL", function()
+  it("DDP, FSDP and TP on 2 GPUs train the losses and gradient norms of one GPU", function()
+    if not mpi then return pending(NO_MPI) end
+    local want = one_gpu()
+    local cases = {
+      { "DDP", { "--training.local_batch_size=2", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=1" },
+        "data parallel over NCCL: 2 ranks (DDP" },
+      { "FSDP", { "--training.local_batch_size=2" }, "data parallel over NCCL: 2 ranks, FSDP over 2 shards" },
+      { "TP", { "--training.local_batch_size=4", "--parallelism.tp=2" }, "tensor parallel: 2 ranks" },
+    }
+    for _, c in ipairs(cases) do
+      local dump = sh.tmpdir()
+      local out = run_ok(train_cmd(2, dump, with(c[2], { "--training.steps=3" })))
+      assert.truthy(out:find(c[3], 1, true), out)
+      matches(want, curve(dump), 3, 2e-5, c[1])
+    end
+    assert.is_true(want[3][1] < want[1][1]) -- it learns
+  end)
+
+  it("HSDP 2 x 2 and FSDP x TP on 4 GPUs train the losses of one GPU", function()
+    if not mpi then return pending(NO_MPI) end
+    local want = one_gpu()
+    for what, extra in pairs({ HSDP = { "--training.local_batch_size=1", "--parallelism.dp_replicate=2" },
+      ["FSDP x TP"] = { "--training.local_batch_size=2", "--parallelism.tp=2" } }) do
+      local dump = sh.tmpdir()
+      run_ok(train_cmd(4, dump, with(extra, { "--training.steps=3" })))
+      matches(want, curve(dump), 3, 2e-5, what)
+    end
+  end)
+
+  it("bf16 parameters under FSDP on 2 GPUs: one GPU's curve up to bf16 rounding", function()
+    if not mpi then return pending(NO_MPI) end
+    local bf16 = { "--training.mixed_precision_param=bfloat16" }
+    local want, dump = one_gpu(bf16), sh.tmpdir()
+    run_ok(train_cmd(2, dump, with(bf16, { "--training.steps=3", "--training.local_batch_size=2" })))
+    local got = curve(dump)
+    for s = 1, 3 do
+      -- (the loss is each rank's bf16 loss, averaged: a bf16 step at 8 is 1/32)
+      assert.is_true(math.abs(want[s][1] - got[s][1]) <= 0.07, ("step %d loss: %.9g vs %.9g"):format(s, want[s][1],
+        got[s][1]))
+      assert.is_true(math.abs(want[s][2] - got[s][2]) <= 2e-3 * want[s][2], ("step %d grad_norm: %.9g vs %.9g"):format(
+        s, want[s][2], got[s][2]))
+    end
+  end)
+
+  it("an FSDP checkpoint written by 2 GPUs resumes there bit for bit", function()
+    if not mpi then return pending(NO_MPI) end
+    local ck = { "--checkpoint.enable=true", "--checkpoint.interval=2", "--training.local_batch_size=2",
+      "--training.steps=3" }
+    local straight, resumed = sh.tmpdir(), sh.tmpdir()
+    run_ok(train_cmd(2, straight, ck))
+    assert.are.equal(0, select(2, sh.run(("mkdir -p %s/checkpoint && cp -r %s/checkpoint/step-2 %s/checkpoint/")
+      :format(resumed, straight, resumed))))
+    local out = run_ok(train_cmd(2, resumed, ck))
+    assert.truthy(out:find("resumed from step 2", 1, true), out)
+    local a, b = curve(straight), curve(resumed)
+    assert.are.same(a[3], b[3])
+  end)
+end)
+
+describe("layouts refused on GPUs", function()
+  -- (the launcher's environment without the launcher: checked before any group exists)
+  local function one_line(vars, extra, pattern)
+    local out, rc = sh.run(("unset CUDA_VISIBLE_DEVICES; TITAN_CUEMU=1 OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 "
+      .. "%s %s lua/recipes/llama3_debugmodel.lua --metrics.peak_flops=1e11 --training.steps=1 %s"):format(vars, exe,
+      extra))
+    assert.are_not.equal(0, rc, out)
+    assert.truthy(out:find(pattern, 1, true), ("'%s' lacks '%s'"):format(out, pattern))
+    local _, lines = out:gsub("\n", "")
+    assert.is_true(lines <= 2, out) -- (the line, and the rank prefix's)
+  end
+
+  it("pipeline stages, ranks sharing a GPU, and more ranks than GPUs: one line each", function()
+    one_line("TITAN_CUEMU_DEVICES=2 OMPI_COMM_WORLD_LOCAL_SIZE=2", "--training.device=cuda --parallelism.pp=2",
+      "parallelism.pp = 2 on training.device = cuda: pipeline stages across GPUs are not built yet")
+    one_line("TITAN_CUEMU_DEVICES=2 OMPI_COMM_WORLD_LOCAL_SIZE=2", "--training.device=cuda:0",
+      "training.device = cuda:0 puts the 2 ranks of this host on one GPU; expected training.device=cuda")
+    one_line("TITAN_CUEMU_DEVICES=1 OMPI_COMM_WORLD_LOCAL_SIZE=2", "--training.device=cuda",
+      "2 ranks on this host, but 1 GPU is visible; expected one GPU per rank")
+  end)
+end)
