@@ -663,6 +663,16 @@ tt_status tt_dist_barrier(tt_group *g);
 typedef struct tt_work tt_work;
 tt_status tt_dist_isend(tt_group *g, const tt_tensor *t, int peer, int tag, tt_work **out);
 tt_status tt_work_wait(tt_work *w);
+/* n point-to-point operations that progress together, as
+ * torch.distributed.batch_isend_irecv: op i sends ts[i] to peers[i] when
+ * is_send[i], else receives into it, with tags[i]. On nccl they are one
+ * ncclGroupStart/End on the communication stream (a lone send there waits
+ * for its receiver, so two ranks sending to each other need this); on mpi,
+ * nonblocking sends, the receives, then the sends' completion. Returns when
+ * the receives' values are there (nccl: for the compute stream's later work)
+ * and the sends' tensors may change. */
+tt_status tt_dist_batch_p2p(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
+                            const int *tags);
 /* On the way out of a process: finalizes MPI if a group started it and
  * the run succeeded (a failed rank exits without it, so the launcher stops
  * the job rather than wait for it). A no-op otherwise. */

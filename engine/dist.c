@@ -201,6 +201,31 @@ tt_status tt_work_wait(tt_work *w) {
   return st;
 }
 
+tt_status tt_dist_batch_p2p(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
+                            const int *tags) {
+  if (n < 0) return tt_error_set(TT_ERR_INVALID, "batch_p2p: %d operations", n);
+  for (int i = 0; i < n; i++) {
+    const char *op = is_send[i] ? "batch_p2p send" : "batch_p2p recv";
+    TT_TRY(tt_chk_peer(op, g, peers[i], tags[i]));
+    TT_TRY(tt_chk_coll(op, g, ts[i]));
+  }
+  if (g->be->batch_p2p) return g->be->batch_p2p(g, n, is_send, ts, peers, tags);
+  /* sends started first, so that no receive waits on a send of this rank */
+  tt_work **works = calloc((size_t)(n > 0 ? n : 1), sizeof *works);
+  if (!works) return tt_error_set(TT_ERR_OOM, "batch_p2p: out of host memory");
+  tt_status st = TT_OK;
+  for (int i = 0; i < n && st == TT_OK; i++)
+    if (is_send[i]) st = tt_dist_isend(g, ts[i], peers[i], tags[i], &works[i]);
+  for (int i = 0; i < n && st == TT_OK; i++)
+    if (!is_send[i]) st = g->be->recv(g, ts[i], peers[i], tags[i]);
+  for (int i = 0; i < n; i++) {
+    tt_status w = tt_work_wait(works[i]); /* (every work is waited for and freed, also after a failure) */
+    if (st == TT_OK) st = w;
+  }
+  free(works);
+  return st;
+}
+
 /* ---- the fake backend ---------------------------------------------------------
  * One process standing for rank r of N: every rank is assumed to hold the
  * same data as this one, so results have the right shapes and are exact

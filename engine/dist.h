@@ -25,6 +25,11 @@ typedef struct tt_dist_backend {
   /* Optional: start a send and return; *req is what wait needs (freed by it). */
   tt_status (*isend)(tt_group *g, const tt_tensor *t, int peer, int tag, void **req);
   tt_status (*wait)(tt_group *g, void *req);
+  /* Optional: n sends (is_send[i]) and receives that progress together
+   * (tt_dist_batch_p2p); without it dist.c starts the sends with isend,
+   * receives, then waits for the sends. */
+  tt_status (*batch_p2p)(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
+                         const int *tags);
 } tt_dist_backend;
 
 struct tt_group {

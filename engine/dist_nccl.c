@@ -240,6 +240,34 @@ static tt_status nccl_recv(tt_group *g, tt_tensor *t, int peer, int tag) {
   return end(g, s);
 }
 
+/* One group on the communication stream: NCCL progresses its sends and
+ * receives together, so neighbours that send to each other at once meet. */
+static tt_status nccl_batch_p2p(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
+                                const int *tags) {
+  (void)tags;
+  cudaStream_t s = NULL;
+  for (int i = 0; i < n; i++) {
+    ncclDataType_t dt;
+    TT_TRY(nccl_dtype(ts[i]->dtype, &dt, 0));
+  }
+  TT_TRY(begin(g, &s));
+  NCCL_TRY(ncclGroupStart());
+  ncclResult_t r = ncclSuccess;
+  for (int i = 0; i < n && r == ncclSuccess; i++) {
+    ncclDataType_t dt = ncclFloat32;
+    (void)nccl_dtype(ts[i]->dtype, &dt, 0);
+    const size_t count = (size_t)tt_tensor_numel(ts[i]);
+    r = is_send[i] ? ncclSend(tt_tensor_data(ts[i]), count, dt, peers[i], impl(g)->comm, s)
+                   : ncclRecv(tt_tensor_data(ts[i]), count, dt, peers[i], impl(g)->comm, s);
+  }
+  ncclResult_t end_r = ncclGroupEnd();
+  if (r != ncclSuccess)
+    return tt_error_set(TT_ERR_INTERNAL, "nccl: batch_p2p: ncclSend/ncclRecv failed: %s", ncclGetErrorString(r));
+  if (end_r != ncclSuccess)
+    return tt_error_set(TT_ERR_INTERNAL, "nccl: batch_p2p: ncclGroupEnd failed: %s", ncclGetErrorString(end_r));
+  return end(g, s);
+}
+
 static tt_status nccl_barrier(tt_group *g) {
   cudaStream_t s = NULL;
   TT_TRY(begin(g, &s));
@@ -261,6 +289,7 @@ static const tt_dist_backend tt_nccl_backend = {
     .send = nccl_send,
     .recv = nccl_recv,
     .barrier = nccl_barrier,
+    .batch_p2p = nccl_batch_p2p,
 };
 
 const tt_dist_backend *tt_dist_backend_nccl(void) { return &tt_nccl_backend; }

@@ -24,6 +24,7 @@
 -- against each other before the first step, so a schedule that would hang
 -- is one line at start-up, not a job that never moves.
 local titan = require("titan")
+local memory = require("titan.memory")
 local nn = titan.nn
 
 local M = {}
@@ -176,7 +177,8 @@ end
 -- micro-batch order) and check that all of it runs: each forward and
 -- backward of every stage and micro-batch exactly once, a backward after
 -- its forward. Returns nil, or a line saying what would go wrong.
-function M.check(layout, all, nmb)
+-- nccl: also as the batches of Pipeline:step run on NCCL (M.check_nccl).
+function M.check(layout, all, nmb, nccl)
   local P, S = layout.P, layout.S
   local owner = function(s) return s % P end
   local sent = {} -- [tag] = list of micro-batches sent, in order; tag "F:s" = into stage s
@@ -243,6 +245,102 @@ function M.check(layout, all, nmb)
       end
     end
   end
+  if nccl then return M.check_nccl(layout, all) end
+end
+
+-- The same lists run as Pipeline:step runs them on NCCL: a rank's sends
+-- wait until its next receive and are posted with it as one batch (the
+-- rest at the end), and a batch completes only when each of its operations
+-- has met its partner, the sends too; a receive meets the first message
+-- not yet taken that its sender posted to it (NCCL matches a pair of ranks'
+-- messages in order, not by tag). Returns nil, or a line saying what would
+-- go wrong. (A check that passes on MPI, whose sends never wait, may not
+-- pass here: a rank blocked on its batch waits for its sends' receivers.)
+function M.check_nccl(layout, all)
+  local P, S = layout.P, layout.S
+  local owner = function(s) return s % P end
+  local posted = {} -- [from .. ">" .. to] = { sends = {op...}, recvs = {op...} } in the order posted
+  local function pair(from, to)
+    local k = from .. ">" .. to
+    posted[k] = posted[k] or { sends = {}, recvs = {} }
+    return posted[k]
+  end
+  -- op: { send = bool, peer, tag, mb, index in its pair's list }
+  local function post(r, op)
+    local q = op.send and pair(r, op.peer) or pair(op.peer, r)
+    local list = op.send and q.sends or q.recvs
+    list[#list + 1] = op
+    op.q, op.k, op.rank = q, #list, r
+  end
+  local function met(op)
+    local other = (op.send and op.q.recvs or op.q.sends)[op.k]
+    if not other then return false end
+    local s, rv = op.send and op or other, op.send and other or op
+    if s.tag ~= rv.tag or s.mb ~= rv.mb then
+      return nil, ("rank %d's receive of %s micro-batch %d from rank %d would take %s micro-batch %d (NCCL matches a "
+        .. "pair's messages in the order sent)"):format(rv.rank, rv.tag, rv.mb, s.rank, s.tag, s.mb)
+    end
+    return true
+  end
+  local pos, pending, batch, finished, got = {}, {}, {}, {}, {}
+  for r = 0, P - 1 do pos[r], pending[r] = 1, {} end
+  local function issue(r, recv)
+    local ops = pending[r]
+    pending[r] = {}
+    if recv then ops[#ops + 1] = recv end
+    for _, op in ipairs(ops) do post(r, op) end
+    batch[r] = ops
+  end
+  local left = P
+  while left > 0 do
+    local moved = false
+    for r = 0, P - 1 do
+      while not finished[r] do
+        if batch[r] then
+          for _, op in ipairs(batch[r]) do
+            local ok, why = met(op)
+            if ok == nil then return why end
+            if not ok then goto blocked end
+          end
+          batch[r], moved = nil, true
+          if pos[r] > #all[r] then finished[r], left = true, left - 1 end
+        end
+        local a = all[r][pos[r]]
+        if not a then
+          if #pending[r] > 0 then issue(r) else finished[r], left, moved = true, left - 1, true end
+        else
+          local wants = a.op == "F" and a.stage > 0 or a.op == "B" and a.stage < S - 1
+          local tag = a.op == "F" and "F:" .. a.stage or "B:" .. a.stage
+          if wants and not got[r] then
+            got[r] = true -- (the action runs once its batch completes)
+            issue(r, { send = false, peer = owner(a.op == "F" and a.stage - 1 or a.stage + 1), tag = tag, mb = a.mb })
+          else
+            got[r] = nil
+            if a.op == "F" and a.stage < S - 1 then
+              local p = pending[r]
+              p[#p + 1] = { send = true, peer = owner(a.stage + 1), tag = "F:" .. (a.stage + 1), mb = a.mb }
+            elseif a.op == "B" and a.stage > 0 then
+              local p = pending[r]
+              p[#p + 1] = { send = true, peer = owner(a.stage - 1), tag = "B:" .. (a.stage - 1), mb = a.mb }
+            end
+            pos[r], moved = pos[r] + 1, true
+          end
+        end
+      end
+      ::blocked::
+    end
+    if not moved then
+      local at = {}
+      for r = 0, P - 1 do
+        local a = all[r][pos[r]]
+        if not finished[r] then
+          at[#at + 1] = a and ("rank %d at %s%d:%d"):format(r, a.op, a.stage, a.mb)
+            or ("rank %d at its last sends"):format(r)
+        end
+      end
+      return "the schedule would hang on NCCL (a batch waits for its sends' receivers): " .. table.concat(at, ", ")
+    end
+  end
 end
 
 -- ---- the module a rank's stages make ------------------------------------------
@@ -278,7 +376,40 @@ function M.pipeline(stages, group, layout, opts)
   local by_id = {}
   for _, st in ipairs(stages) do by_id[st.id] = st end
   return setmetatable({ stages = stages, by_id = by_id, group = group, layout = layout, dim = opts.dim,
-    seq_shards = opts.seq_shards or 1, rank = group:rank(), cache = {} }, Pipeline)
+    seq_shards = opts.seq_shards or 1, rank = group:rank(), cache = {}, batched = group:backend() == "nccl",
+    pending = {} }, Pipeline)
+end
+
+-- Sends and receives. On mpi a send is an isend (its work in `works`). On
+-- nccl a lone send waits for its receiver and neighbours send to each other
+-- at once, so there a rank's sends wait, holding their tensors, for its next
+-- receive and go with it as one batch (batch_p2p): a send is held back over
+-- this rank's own computation only, which waits for nobody, so no rank waits
+-- for anything it would not have waited for anyway. flush() sends what is left.
+function Pipeline:send(t, peer, tag, works)
+  if self.batched then
+    -- (a handle of its own, kept from the scope that made it: freed once sent)
+    self.pending[#self.pending + 1] = { "send", memory.keep(t:detach()), peer, tag }
+  else
+    works[#works + 1] = self.group:isend(t, peer, tag)
+  end
+end
+
+function Pipeline:recv(buf, peer, tag)
+  if not self.batched then return self.group:recv(buf, peer, tag) end
+  self:flush({ "recv", buf, peer, tag })
+  return buf
+end
+
+function Pipeline:flush(recv)
+  local ops = self.pending
+  self.pending = {}
+  if recv then ops[#ops + 1] = recv end
+  if #ops == 0 then return end
+  self.group:batch_p2p(ops)
+  for _, o in ipairs(ops) do
+    if o[1] == "send" then o[2]:free() end
+  end
 end
 
 -- This rank's actions for nmb micro-batches (checked once per count).
@@ -286,7 +417,7 @@ function Pipeline:actions(nmb)
   local a = self.cache[nmb]
   if not a then
     local all = M.actions(self.layout, nmb)
-    local why = M.check(self.layout, all, nmb)
+    local why = M.check(self.layout, all, nmb, self.batched)
     if why then fail("the %s schedule with %d micro-batches: %s", self.layout.schedule, nmb, why) end
     a = all[self.rank]
     self.cache[nmb] = a
@@ -322,7 +453,7 @@ function Pipeline:step(mbs, loss_fn, ctx)
       if a.op == "F" then
         local x = mb.inputs
         if not st.first then
-          x = self.group:recv(self:boundary(mb, dtype, device), owner(a.stage - 1), self:tag_f(a.stage))
+          x = self:recv(self:boundary(mb, dtype, device), owner(a.stage - 1), self:tag_f(a.stage))
           x.requires_grad = true
           ins[key] = x
         end
@@ -334,7 +465,7 @@ function Pipeline:step(mbs, loss_fn, ctx)
         if st.last then
           loss_sum = loss_sum + out:item()
         else
-          works[#works + 1] = self.group:isend(out, owner(a.stage + 1), self:tag_f(a.stage + 1))
+          self:send(out, owner(a.stage + 1), self:tag_f(a.stage + 1), works)
         end
         outs[key] = out
       else
@@ -344,7 +475,7 @@ function Pipeline:step(mbs, loss_fn, ctx)
           if st.last then
             out:backward()
           else
-            local g = self.group:recv(self:boundary(mb, dtype, device), owner(a.stage + 1), self:tag_b(a.stage))
+            local g = self:recv(self:boundary(mb, dtype, device), owner(a.stage + 1), self:tag_b(a.stage))
             out:backward(g)
           end
         end)
@@ -352,11 +483,12 @@ function Pipeline:step(mbs, loss_fn, ctx)
         local x = ins[key]
         if x then
           ins[key] = nil
-          works[#works + 1] = self.group:isend(x.grad, owner(a.stage - 1), self:tag_b(a.stage - 1))
+          self:send(x.grad, owner(a.stage - 1), self:tag_b(a.stage - 1), works)
           x:free() -- (and its .grad: the send holds its own reference)
         end
       end
     end
+    self:flush()
     for _, wk in ipairs(works) do wk:wait() end
   end)
   return loss_sum
@@ -379,19 +511,20 @@ function Pipeline:forward_only(mbs, f)
           titan.scope(function()
             local x = mb.inputs
             if not st.first then
-              x = self.group:recv(self:boundary(mb, dtype, device), (st.id - 1) % P, self:tag_f(st.id))
+              x = self:recv(self:boundary(mb, dtype, device), (st.id - 1) % P, self:tag_f(st.id))
             end
             local y = st.model(x)
             if st.last then
               f(y, mb.targets)
             else
-              works[#works + 1] = self.group:isend(y, (st.id + 1) % P, self:tag_f(st.id + 1))
+              self:send(y, (st.id + 1) % P, self:tag_f(st.id + 1), works)
             end
             if x ~= mb.inputs then x:free() end
             y:free()
           end)
         end
       end
+      self:flush()
       for _, wk in ipairs(works) do wk:wait() end
     end)
   end)

@@ -138,6 +138,25 @@ function Group:send(t, peer, tag) check(C.tt_dist_send(self._c, tensor.cptr(t), 
 function Group:recv(t, peer, tag) check(C.tt_dist_recv(self._c, tensor.cptr(t), peer, tag or 0), 2); return t end
 function Group:barrier() check(C.tt_dist_barrier(self._c), 2) end
 
+-- Sends and receives that progress together (torch.distributed's
+-- batch_isend_irecv): ops = { { "send" | "recv", tensor, peer, tag }, ... }.
+-- What pipeline schedules use on nccl, where a lone send waits for its
+-- receiver. Returns once the received values are there (on nccl: for later
+-- kernels) and the sent tensors may change.
+function Group:batch_p2p(ops)
+  local n = #ops
+  local k = math.max(n, 1)
+  local is_send, ts, peers, tags = ffi.new("int[?]", k), ffi.new("tt_tensor*[?]", k), ffi.new("int[?]", k),
+    ffi.new("int[?]", k)
+  for i, o in ipairs(ops) do
+    if o[1] ~= "send" and o[1] ~= "recv" then
+      error(("batch_p2p: operation %d is '%s'; expected send or recv"):format(i, tostring(o[1])), 2)
+    end
+    is_send[i - 1], ts[i - 1], peers[i - 1], tags[i - 1] = o[1] == "send" and 1 or 0, tensor.cptr(o[2]), o[3], o[4] or 0
+  end
+  check(C.tt_dist_batch_p2p(self._c, n, is_send, ts, peers, tags), 2)
+end
+
 -- A send that returns at once (pipeline schedules: neighbours send to each
 -- other at the same time). The work holds its own reference to t: free t's
 -- handle whenever, but leave its values alone until work:wait().

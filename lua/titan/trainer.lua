@@ -462,20 +462,12 @@ function M.new(cfg, opts)
 end
 
 -- Ranks on GPUs: each rank of a host on its own GPU (training.device=cuda
--- names the local rank's), their tensors' collectives over NCCL. Pipeline
--- stages are refused there: on NCCL a send waits for its receiver, and the
--- schedules have neighbours send to each other at once, which needs the
--- sends and receives grouped (not built yet).
+-- names the local rank's), their tensors' collectives over NCCL.
 function Trainer:check_gpu_ranks(env)
   local t = self.cfg.training
   if not dist.built("nccl") then
     error(("trainer: %d ranks on training.device = %s, but this build has no NCCL backend; expected a build "
       .. "with TITAN_CUDA, or training.device=cpu"):format(self.world, t.device), 0)
-  end
-  if self.pp > 1 then
-    error(("trainer: parallelism.pp = %d on training.device = %s: pipeline stages across GPUs are not built yet "
-      .. "(on NCCL a send waits for its receiver, and the schedules' neighbours send to each other at once); "
-      .. "expected pp = 1 on GPUs, or training.device=cpu"):format(self.pp, t.device), 0)
   end
   -- (a rank shown one GPU by CUDA_VISIBLE_DEVICES is taken to be shown its own)
   local n = titan.cuda_device_count()
@@ -510,8 +502,13 @@ function Trainer:plan_pipeline(family, model)
       .. "pipeline_parallel_microbatch_size = %d / %d = %d micro-batches; expected a multiple of %d"):format(self.pp,
       cfg.training.local_batch_size, par.pipeline_parallel_microbatch_size, nmb, self.pp), 0)
   end
-  why = pp.check(layout, pp.actions(layout, nmb), nmb)
-  if why then error(("trainer: the %s schedule with %d micro-batches: %s"):format(layout.schedule, nmb, why), 0) end
+  -- (on GPUs also as its batches run on NCCL: pp.check_nccl)
+  local nccl = self.world > 1 and cfg.training.device ~= "cpu"
+  why = pp.check(layout, pp.actions(layout, nmb), nmb, nccl)
+  if why then
+    error(("trainer: the %s schedule with %d micro-batches: %s%s"):format(layout.schedule, nmb, why, nccl and
+      "; expected 1F1B or GPipe on GPUs (or other micro-batch counts)" or ""), 0)
+  end
   self.pp_layout, self.n_microbatches = layout, nmb
 end
 

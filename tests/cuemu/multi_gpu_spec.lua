@@ -3,8 +3,9 @@
 -- backend emulated on the CPU, TITAN_CUEMU_DEVICES GPUs a host, cuemu's NCCL
 -- across them over MPI; tests/cuemu/README.md): every collective of the nccl
 -- backend at world 3; DDP, FSDP, TP, HSDP and FSDP x TP against one GPU
--- (losses and gradient norms); bf16 mixed precision under FSDP; an FSDP
--- checkpoint resumed bit for bit; and the layouts refused on GPUs. Exits 77
+-- (losses and gradient norms); pipeline schedules, alone and with FSDP;
+-- bf16 mixed precision under FSDP; an FSDP checkpoint resumed bit for bit;
+-- and the layouts refused on GPUs. Exits 77
 -- (skipped) anywhere but on cuemu; pending in a build without Open MPI.
 package.path = "./tests/cuda/?.lua;./tests/cuemu/?.lua;" .. package.path
 local S = require("step_helpers")
@@ -38,6 +39,7 @@ local function curve(dump)
   for line in io.lines(dump .. "/metrics.jsonl") do
     local r = cjson.decode(line)
     if r.loss then out[r.step] = { r.loss, r.grad_norm } end
+    if r.validation_loss then out.val = r.validation_loss end
   end
   return out
 end
@@ -53,13 +55,16 @@ local function matches(want, got, steps, rel, what)
   end
 end
 
--- One GPU, global batch 4 x 32, 3 steps (run once per precision).
+-- A validation at step 3 over 2 batches.
+local VAL = { "--validation.enable=true", "--validation.freq=3", "--validation.steps=2" }
+
+-- One GPU, global batch 4 x 32, 3 steps, validated at step 3 (run once per precision).
 local base = {}
 local function one_gpu(extra)
   local key = table.concat(extra or {}, " ")
   if not base[key] then
     base[key] = sh.tmpdir()
-    run_ok(train_cmd(1, base[key], with({ "--training.steps=3", "--training.local_batch_size=4" }, extra)))
+    run_ok(train_cmd(1, base[key], with(with(VAL, { "--training.steps=3", "--training.local_batch_size=4" }), extra)))
   end
   return curve(base[key])
 end
@@ -67,7 +72,7 @@ end
 describe("the nccl backend across processes", function()
   it("every collective at world 3, each rank on its own GPU; Lua values through the MPI host group", function()
     if not mpi then return pending(NO_MPI) end
-    sh.worker_ok("TITAN_CUEMU=1 TITAN_CUEMU_DEVICES=3 TITAN_WORKER_BACKEND=nccl ", exe, 3, 28)
+    sh.worker_ok("TITAN_CUEMU=1 TITAN_CUEMU_DEVICES=3 TITAN_WORKER_BACKEND=nccl ", exe, 3, 29)
   end)
 end)
 
@@ -116,6 +121,33 @@ describe("training on several GPUs over NCCL", function()
     end
   end)
 
+  it("pipeline stages on GPUs (sends batched with receives): 1F1B, GPipe, Interleaved1F1B on 2; pp x FSDP on 4",
+    function()
+      if not mpi then return pending(NO_MPI) end
+      local want = one_gpu()
+      -- (validated too: the forward-only pass, stage by stage)
+      local pp = with(VAL, { "--training.local_batch_size=4", "--parallelism.pp=2" })
+      local cases = {
+        { "1F1B", 2, pp, "pipeline parallel: 2 stages over 2 ranks (1F1B, 4 micro-batches" },
+        { "GPipe", 2, with(pp, { "--parallelism.pipeline_parallel_schedule=GPipe" }), "(GPipe" },
+        { "Interleaved1F1B", 2, with(pp, { "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+          "--parallelism.pipeline_parallel_microbatch_size=2" }), "4 stages over 2 ranks (Interleaved1F1B" },
+        { "pp x FSDP", 4, { "--training.local_batch_size=2", "--parallelism.pp=2" },
+          "data parallel over NCCL: 2 ranks, FSDP over 2 shards" },
+      }
+      for _, c in ipairs(cases) do
+        local dump = sh.tmpdir()
+        local out = run_ok(train_cmd(c[2], dump, with(c[3], { "--training.steps=3" })))
+        assert.truthy(out:find(c[4], 1, true), out)
+        local got = curve(dump)
+        matches(want, got, 3, 2e-5, c[1])
+        if c[2] == 2 then
+          assert.is_true(math.abs(got.val - want.val) <= 2e-5 * want.val, ("%s validation: %.9g vs %.9g"):format(c[1],
+            got.val, want.val))
+        end
+      end
+    end)
+
   it("an FSDP checkpoint written by 2 GPUs resumes there bit for bit", function()
     if not mpi then return pending(NO_MPI) end
     local ck = { "--checkpoint.enable=true", "--checkpoint.interval=2", "--training.local_batch_size=2",
@@ -143,9 +175,11 @@ describe("layouts refused on GPUs", function()
     assert.is_true(lines <= 2, out) -- (the line, and the rank prefix's)
   end
 
-  it("pipeline stages, ranks sharing a GPU, and more ranks than GPUs: one line each", function()
-    one_line("TITAN_CUEMU_DEVICES=2 OMPI_COMM_WORLD_LOCAL_SIZE=2", "--training.device=cuda --parallelism.pp=2",
-      "parallelism.pp = 2 on training.device = cuda: pipeline stages across GPUs are not built yet")
+  it("ranks sharing a GPU, more ranks than GPUs, a schedule that would hang on NCCL: one line each", function()
+    one_line("TITAN_CUEMU_DEVICES=2 OMPI_COMM_WORLD_LOCAL_SIZE=2", "--training.device=cuda --parallelism.pp=2 "
+      .. "--training.local_batch_size=4 --parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+      "the Interleaved1F1B schedule with 4 micro-batches: the schedule would hang on NCCL (a batch waits for its "
+      .. "sends' receivers): rank 0 at B2:1, rank 1 at B1:0; expected 1F1B or GPipe on GPUs")
     one_line("TITAN_CUEMU_DEVICES=2 OMPI_COMM_WORLD_LOCAL_SIZE=2", "--training.device=cuda:0",
       "training.device = cuda:0 puts the 2 ranks of this host on one GPU; expected training.device=cuda")
     one_line("TITAN_CUEMU_DEVICES=1 OMPI_COMM_WORLD_LOCAL_SIZE=2", "--training.device=cuda",

@@ -83,6 +83,13 @@ local msg = titan.full({ 4 }, r + 0.5, on({ dtype = "float32" }))
 if r % 2 == 0 then g:send(msg, nxt); g:recv(box, prv) else g:recv(box, prv); g:send(msg, nxt) end
 same("send/recv", box:tolist_flat(), { prv + 0.5, prv + 0.5, prv + 0.5, prv + 0.5 })
 
+-- batch_p2p: every rank sends to the next and takes from the previous at once (on NCCL, lone sends would each
+-- wait for their receiver all around the ring)
+local ahead = titan.full({ 3 }, r + 0.25, on({ dtype = "float32" }))
+local back = titan.zeros({ 3 }, on({ dtype = "float32" }))
+g:batch_p2p({ { "send", ahead, nxt, 3 }, { "recv", back, prv, 3 } })
+same("batch_p2p", back:tolist_flat(), { prv + 0.25, prv + 0.25, prv + 0.25 })
+
 -- isend with tags (pipeline schedules): every rank sends two 4 MB messages to
 -- the next at once and takes its neighbour's in the other order; blocking
 -- sends of that size would wait on each other all around the ring. (Not on

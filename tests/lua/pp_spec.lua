@@ -97,6 +97,31 @@ describe("pipeline schedules", function()
     local short = { [0] = { F(0, 0), B(0, 0) }, [1] = { F(1, 0), B(1, 0) } }
     assert.truthy(pp.check(L, short, 2):find("stage 0 micro-batch 1 is never run both ways", 1, true))
   end)
+
+  it("on NCCL (batched sends, messages matched in order): the 1F1B and GPipe lists run, Interleaved1F1B's may hang",
+    function()
+      -- rank 1 takes stage 1's second input before stage 3's first, which rank 0 sent before it: fine by tags (MPI),
+      -- not where messages match in order
+      local L = pp.layout(4, { pp = 2, schedule = "Interleaved1F1B" })
+      local all = { [0] = { F(0, 0), F(2, 0), F(0, 1), F(2, 1), B(2, 0), B(2, 1), B(0, 0), B(0, 1) },
+        [1] = { F(1, 0), F(1, 1), F(3, 0), F(3, 1), B(3, 0), B(3, 1), B(1, 0), B(1, 1) } }
+      assert.is_nil(pp.check(L, all, 2))
+      assert.are.equal("rank 1's receive of F:1 micro-batch 1 from rank 0 would take F:3 micro-batch 0 (NCCL matches "
+        .. "a pair's messages in the order sent)", pp.check(L, all, 2, true))
+      for _, sched in ipairs({ "GPipe", "1F1B" }) do
+        for _, P in ipairs({ 2, 3, 4 }) do
+          for _, nmb in ipairs({ 1, 2, 8 }) do
+            local lay = pp.layout(8, { pp = P, schedule = sched })
+            assert.is_nil(pp.check(lay, pp.actions(lay, nmb), nmb, true), ("%s pp %d, %d"):format(sched, P, nmb))
+          end
+        end
+      end
+      -- a batch waits for its sends' receivers: interleaved stages wait on each other all around
+      local lay = pp.layout(8, { pp = 2, schedule = "Interleaved1F1B" })
+      assert.is_nil(pp.check(lay, pp.actions(lay, 4), 4))
+      assert.are.equal("the schedule would hang on NCCL (a batch waits for its sends' receivers): rank 0 at B2:1, "
+        .. "rank 1 at B1:0", pp.check(lay, pp.actions(lay, 4), 4, true))
+    end)
 end)
 
 describe("pipeline stages", function()
