@@ -77,6 +77,7 @@
 #include <float.h>
 #include <mutex>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attention.cuh"
@@ -1012,9 +1013,25 @@ static std::mutex att_log_lock;
 static att_key att_logged[ATT_LOGGED];
 static int att_nlogged;
 
-/* One stderr line per (direction, shape, dtype, mode); quiet once
- * ATT_LOGGED distinct keys have been announced. */
+/* Whether this process is a rank other than 0 of a launch (mpirun, srun,
+ * torchrun): every rank takes the same path for the same shapes, so rank
+ * 0's line says it once for the job instead of once per GPU. */
+static bool att_other_rank(void) {
+  static const bool other = [] {
+    const char *names[] = {"OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "RANK"};
+    for (const char *n : names) {
+      const char *v = getenv(n);
+      if (v && *v) return strcmp(v, "0") != 0;
+    }
+    return false;
+  }();
+  return other;
+}
+
+/* One stderr line per (direction, shape, dtype, mode), from rank 0 of a
+ * launch; quiet once ATT_LOGGED distinct keys have been announced. */
 static void att_log_fallback(const att_key *k, const char *why) {
+  if (att_other_rank()) return;
   {
     std::lock_guard<std::mutex> guard(att_log_lock);
     for (int i = 0; i < att_nlogged; i++)
