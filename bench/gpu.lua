@@ -306,14 +306,19 @@ local function copy_bench(n, dt)
   end)
 end
 
--- The lanes each row gets (kernels/cuda/norm.cu): `lanes` nil for the
--- kernel's own plan, else TITAN_CUDA_NORM_GROUP for this measurement (the
--- setting is read at each launch), to time the choices side by side.
+-- RMSNorm's plan (kernels/cuda/norm.cu): `how` nil for the kernel's own,
+-- { lanes = N } for TITAN_CUDA_NORM_GROUP=N (the lanes each row gets) or
+-- { pipe = "1" | "f32" } for TITAN_CUDA_NORM_PIPE (the pipelined plan), for
+-- this measurement only (the settings are read at each launch), to time the
+-- choices side by side.
 pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
-local function rmsnorm_bench(rows, dim, dt, lanes)
-  local label = "rmsnorm " .. dt .. (lanes and (" " .. lanes .. " lanes") or "")
-  if lanes then ffi.C.setenv("TITAN_CUDA_NORM_GROUP", tostring(lanes), 1) end
-  guarded("memory", label, ON_GPU and 8 or 0, function()
+local function rmsnorm_bench(rows, dim, dt, how)
+  local var = how and (how.lanes and "TITAN_CUDA_NORM_GROUP" or "TITAN_CUDA_NORM_PIPE")
+  local val = how and tostring(how.lanes or how.pipe)
+  local note = not how and "" or how.lanes and (" (" .. val .. " lanes)") or (" (pipelined, " ..
+    (val == "f32" and "f32" or "f64") .. " stats)")
+  if var then ffi.C.setenv(var, val, 1) end
+  guarded("memory", "rmsnorm " .. dt .. note, ON_GPU and 8 or 0, function()
     local x = rand_dev({ rows, dim }, dt, 1)
     local w = rand_dev({ dim }, dt, 2, 0.1)
     local dy = rand_dev({ rows, dim }, dt, 3)
@@ -327,11 +332,10 @@ local function rmsnorm_bench(rows, dim, dt, lanes)
     local tb = time_it(bwd, reps_for(bwd, 0.05), 5, 2)
     local bytes = rows * dim * esize(dt)
     local shape = ("%dx%d"):format(rows, dim)
-    local how = lanes and (" (" .. lanes .. " lanes)") or ""
-    mem_row({ kernel = "rmsnorm fwd" .. how, dtype = dt, shape = shape, ms = tf * 1e3, gbps = 2 * bytes / tf / 1e9 }) -- x, y
-    mem_row({ kernel = "rmsnorm bwd" .. how, dtype = dt, shape = shape, ms = tb * 1e3, gbps = 3 * bytes / tb / 1e9 }) -- x, dy, dx
+    mem_row({ kernel = "rmsnorm fwd" .. note, dtype = dt, shape = shape, ms = tf * 1e3, gbps = 2 * bytes / tf / 1e9 }) -- x, y
+    mem_row({ kernel = "rmsnorm bwd" .. note, dtype = dt, shape = shape, ms = tb * 1e3, gbps = 3 * bytes / tb / 1e9 }) -- x, dy, dx
   end)
-  if lanes then ffi.C.unsetenv("TITAN_CUDA_NORM_GROUP") end
+  if var then ffi.C.unsetenv(var) end
 end
 
 local function adamw_bench(n, pdt, gdt, master)
@@ -583,12 +587,16 @@ if S then attention(1, 64, 4, 2, 32, BF) else attention(1, 8192, 32, 8, 128, BF)
 if S then
   copy_bench(65536, "float32")
   rmsnorm_bench(64, 128, BF)
-  rmsnorm_bench(64, 128, BF, 256)
+  rmsnorm_bench(64, 128, BF, { lanes = 256 })
+  rmsnorm_bench(64, 128, BF, { pipe = "1" })
   adamw_bench(65536, "float32", "float32", false)
   adamw_model_bench("debugmodel")
 else
   copy_bench(268435456, "float32")
   rmsnorm_bench(32768, 4096, "bfloat16")
+  -- the pipelined plan next to it (docs/cuda.md): same bits with f64 statistics; f32 ones
+  rmsnorm_bench(32768, 4096, "bfloat16", { pipe = "1" })
+  rmsnorm_bench(32768, 4096, "bfloat16", { pipe = "f32" })
   rmsnorm_bench(16384, 4096, "float32")
   adamw_bench(268435456, "float32", "float32", false)
   adamw_bench(268435456, "bfloat16", "bfloat16", true)
@@ -614,12 +622,15 @@ end
 if not S then
   -- RMSNorm's lanes per row side by side (kernels/cuda/norm.cu): at the 8B
   -- width (4096: a block of 256 lanes) against 128 lanes, and at the 1B
-  -- width (2048: 64 lanes forward, 256 backward) against 256 and 64.
-  rmsnorm_bench(32768, 4096, "bfloat16", 128)
-  rmsnorm_bench(16384, 4096, "float32", 128)
+  -- width (2048: 64 lanes forward, 256 backward) against 256 and 64, and
+  -- the pipelined plan (256 lanes, each block looping over rows).
+  rmsnorm_bench(32768, 4096, "bfloat16", { lanes = 128 })
+  rmsnorm_bench(16384, 4096, "float32", { lanes = 128 })
   rmsnorm_bench(65536, 2048, "bfloat16")
-  rmsnorm_bench(65536, 2048, "bfloat16", 256)
-  rmsnorm_bench(65536, 2048, "bfloat16", 64)
+  rmsnorm_bench(65536, 2048, "bfloat16", { lanes = 256 })
+  rmsnorm_bench(65536, 2048, "bfloat16", { lanes = 64 })
+  rmsnorm_bench(65536, 2048, "bfloat16", { pipe = "1" })
+  rmsnorm_bench(65536, 2048, "bfloat16", { pipe = "f32" })
   -- Llama 3 8B's linear layers at 8192 tokens: y = x @ W^T (fwd), and the
   -- two backward products of one of them (dgrad: dY @ W, wgrad: dY^T @ X).
   gemm("8B wq/wo 4096->4096", 8192, 4096, 4096, "bfloat16")

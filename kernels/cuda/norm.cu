@@ -11,7 +11,9 @@
  * each thread issues the loads of all its chunks before it adds anything
  * (many 16-byte loads in flight, which is what keeps HBM busy) and keeps
  * them in registers for the second pass; a longer row is read twice, the
- * second time from L1/L2.
+ * second time from L1/L2. TITAN_CUDA_NORM_PIPE asks for a pipelined plan
+ * for bf16 rows (blocks looping over rows, the next one loaded ahead): an
+ * experiment for the GPU benchmark, below.
  * Either way the sums run in the same order, so the bits are the same. As
  * on the CPU the sum of squares and the backward's row dot product
  * accumulate in double, and every other step is the CPU's
@@ -30,6 +32,7 @@
  * and dy once more (R chunks, a function of the shape).
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernel_util.cuh"
 
@@ -81,6 +84,7 @@ template <int DT, typename F> static auto tt_norm_with_k(int k, F &&f) {
  * have), and never for f64. */
 struct tt_norm_plan {
   int G, K;
+  int pipe; /* the pipelined plan: 0 no, 1 with double statistics, 2 with f32 ones */
 };
 
 /* TITAN_CUDA_NORM_GROUP=32|64|128|256 forces the lanes per row (the GPU
@@ -95,12 +99,27 @@ static int tt_norm_group_setting(void) {
   return *end == 0 && (v == 32 || v == 64 || v == 128 || v == 256) ? (int)v : -1;
 }
 
+/* The dtype the pipelined plan has: bf16 (f16 would spill a few bytes). */
+template <int DT> __host__ __device__ constexpr bool tt_norm_pipe_dtype() { return DT == TT_BF16; }
+
+/* TITAN_CUDA_NORM_PIPE=1|f32 asks for the pipelined plan (below) where it
+ * applies: bf16 rows kept in registers. Read at each launch, as the
+ * group. 0: not set; -1: not one of those. */
+static int tt_norm_pipe_setting(void) {
+  const char *e = getenv("TITAN_CUDA_NORM_PIPE");
+  if (!e || !*e || !strcmp(e, "0")) return 0;
+  return !strcmp(e, "1") ? 1 : !strcmp(e, "f32") ? 2 : -1;
+}
+
 template <int DT>
 static tt_status tt_norm_plan_for(int64_t dim, bool backward, const char *op, tt_norm_plan *p) {
-  const int set = tt_norm_group_setting();
+  const int set = tt_norm_group_setting(), pipe = tt_norm_pipe_setting();
   if (set < 0)
     return tt_error_set(TT_ERR_INVALID, "cuda %s: TITAN_CUDA_NORM_GROUP=%s: expected 32, 64, 128 or 256 lanes per row",
                         op, getenv("TITAN_CUDA_NORM_GROUP"));
+  if (pipe < 0)
+    return tt_error_set(TT_ERR_INVALID, "cuda %s: TITAN_CUDA_NORM_PIPE=%s: expected 0, 1 or f32", op,
+                        getenv("TITAN_CUDA_NORM_PIPE"));
   int G = dim <= 1024 ? 32 : TT_CUDA_THREADS;
   if (!backward && dim > 1024 && tt_norm_chunks<DT>(dim, TT_CUDA_THREADS) == 1)
     for (int g = 64; g < TT_CUDA_THREADS; g *= 2)
@@ -116,6 +135,16 @@ static tt_status tt_norm_plan_for(int64_t dim, bool backward, const char *op, tt
   }
   p->G = G;
   p->K = K;
+  p->pipe = 0;
+  if (pipe && tt_norm_pipe_dtype<DT>()) {
+    /* The pipelined kernels take rows of 1 or 2 chunks a lane (more would
+     * spill: three copies of the row in registers), on a warp or a block. */
+    if (!set) {
+      p->G = dim <= 1024 ? 32 : TT_CUDA_THREADS;
+      p->K = tt_norm_chunks<DT>(dim, p->G);
+    }
+    if ((p->G == 32 || p->G == TT_CUDA_THREADS) && (p->K == 1 || p->K == 2)) p->pipe = pipe;
+  }
   return TT_OK;
 }
 
@@ -253,6 +282,117 @@ __global__ void __launch_bounds__(TT_CUDA_THREADS, 3)
         tt_st_chunk<DT>(yr, e, cnt, vec, c);
       }
     }
+  }
+}
+
+/* ---- the pipelined plan (TITAN_CUDA_NORM_PIPE; bf16 rows in registers) ----
+ *
+ * An experiment for the bf16 kernels, which run at 2.4 (forward) and 1.7
+ * (backward) TB/s where f32 reaches 4.0 and 3.2 (docs/cuda.md, "RMSNorm:
+ * the pipelined plan"). The default kernels give each row a block that
+ * loads it, reduces, computes and stores, and exits: a block has loads in
+ * flight only at its start. Here the grid is one wave of blocks, each
+ * looping over rows, and each lane issues the loads of its group's next row
+ * before it works on the current one (so HBM is read while the block
+ * reduces and stores); the weight row is loaded once per block and kept in
+ * registers; the sum of squares is one fused multiply-add an element (the
+ * product of two bf16 values is exact in f32 and double, so the fma rounds
+ * exactly as the separate multiply and add: the same bits).
+ *
+ * A, the statistics' type: double gives the default kernels' bits (tested
+ * bit for bit on cuemu); float (TITAN_CUDA_NORM_PIPE=f32) sums the squares
+ * and the backward's dot in f32 as PyTorch does, fewer registers and no
+ * FP64 work, within the CPU reference's bf16 tolerance but not its bits. */
+
+template <typename A> __device__ __forceinline__ A tt_norm_rstd(A ss, int64_t dim, double eps);
+template <> __device__ __forceinline__ double tt_norm_rstd<double>(double ss, int64_t dim, double eps) {
+  return 1.0 / sqrt(ss / (double)dim + eps); /* as the default kernels */
+}
+template <> __device__ __forceinline__ float tt_norm_rstd<float>(float ss, int64_t dim, double eps) {
+  return tt_div(1.0f, tt_sqrt(tt_add(tt_div(ss, (float)dim), (float)eps)));
+}
+
+/* Blocks an SM holds: 3 where ptxas fits that without spilling (-Xptxas -v,
+ * sm_90a: 51-78 registers), 2 for the residual form of 2-chunk rows (which
+ * spills 16-56 bytes at 3: four copies of the row chunk are live). */
+template <int K, bool RES> constexpr int tt_norm_pipe_min_blocks() { return RES && K == 2 ? 2 : 3; }
+
+template <int DT, int G, int K, bool RES, typename A>
+__global__ void __launch_bounds__(TT_CUDA_THREADS, tt_norm_pipe_min_blocks<K, RES>())
+    tt_rmsnorm_pipe_kernel(int64_t rows, int64_t dim, double eps, const typename tt_ft<DT>::S *__restrict__ x,
+                           const typename tt_ft<DT>::S *__restrict__ res, const typename tt_ft<DT>::S *__restrict__ w,
+                           typename tt_ft<DT>::S *__restrict__ h, typename tt_ft<DT>::S *__restrict__ y,
+                           typename tt_ft<DT>::C *__restrict__ rstd) {
+  typedef typename tt_ft<DT>::S S;
+  typedef typename tt_ft<DT>::C C;
+  static_assert(tt_norm_pipe_dtype<DT>() && K > 0 && K <= 2, "the pipelined plan: bf16 rows of 1-2 chunks a lane");
+  constexpr int V = 16 / sizeof(S);
+  constexpr int PER = TT_CUDA_THREADS / G;
+  __shared__ A sm[TT_WARPS];
+  const int lane = threadIdx.x % G;
+  /* Every row starts as aligned as the first when a row is a whole number
+   * of 16-byte chunks; otherwise all go element by element (same values). */
+  const bool vec = (dim * (int64_t)sizeof(S)) % 16 == 0 && tt_al16(x) && tt_al16(y) && tt_al16(w) &&
+                   (!RES || (tt_al16(res) && tt_al16(h)));
+  int full[K];
+  tt_pack<S> wr[K];
+#pragma unroll
+  for (int q = 0; q < K; q++) {
+    full[q] = (int)tt_norm_cnt<V>(lane, q, G, dim);
+    wr[q] = tt_ld_raw<DT>(w, tt_norm_e<V>(lane, q, G), full[q], vec);
+  }
+  /* Turn rb's row of this group from p; nothing is read for a group past
+   * the last row (its chunks count 0). */
+  auto fetch = [&](int64_t rb, const S *p, tt_pack<S> *out) {
+    int64_t r, n;
+    tt_norm_row(rb * PER + threadIdx.x / G, rows, rows, dim, &r, &n);
+#pragma unroll
+    for (int q = 0; q < K; q++) out[q] = tt_ld_raw<DT>(p + r * dim, tt_norm_e<V>(lane, q, G), n > 0 ? full[q] : 0, vec);
+  };
+  tt_pack<S> xa[K], ra[RES ? K : 1];
+  fetch(blockIdx.x, x, xa);
+  if (RES) fetch(blockIdx.x, res, ra);
+  for (int64_t rb = blockIdx.x; rb * PER < rows; rb += gridDim.x) {
+    int64_t r, n;
+    tt_norm_row(rb * PER + threadIdx.x / G, rows, rows, dim, &r, &n);
+    tt_pack<S> xb[K];
+    if (RES) {
+      /* h first, so that ra is free for the next row's residual */
+#pragma unroll
+      for (int q = 0; q < K; q++) {
+        C c[V], rv[V];
+        tt_unpack<DT>(xa[q], c);
+        tt_unpack<DT>(ra[q], rv);
+#pragma unroll
+        for (int k = 0; k < V; k++) xa[q].v[k] = tt_ft<DT>::st(tt_add(c[k], rv[k]));
+        if (n > 0 && full[q] > 0) tt_st_raw<DT>(h + r * dim, tt_norm_e<V>(lane, q, G), full[q], vec, xa[q]);
+      }
+      fetch(rb + gridDim.x, res, ra);
+    }
+    fetch(rb + gridDim.x, x, xb); /* the next turn's row, in flight while this one is worked on */
+    A ss = 0;
+#pragma unroll
+    for (int q = 0; q < K; q++) {
+      C c[V];
+      tt_unpack<DT>(xa[q], c); /* zeros past the row: they add nothing */
+#pragma unroll
+      for (int k = 0; k < V; k++) ss = tt_fma((A)c[k], (A)c[k], ss);
+    }
+    ss = tt_group_reduce<G>(ss, tt_sum_op(), sm);
+    const C rs = (C)tt_norm_rstd<A>(ss, dim, eps);
+    if (lane == 0 && n > 0) rstd[r] = rs;
+#pragma unroll
+    for (int q = 0; q < K; q++) {
+      if (n <= 0 || full[q] <= 0) continue;
+      C c[V], wv[V];
+      tt_unpack<DT>(xa[q], c);
+      tt_unpack<DT>(wr[q], wv);
+#pragma unroll
+      for (int k = 0; k < V; k++) c[k] = tt_mul(tt_mul(c[k], rs), wv[k]);
+      tt_st_chunk<DT>(y + r * dim, tt_norm_e<V>(lane, q, G), full[q], vec, c);
+    }
+#pragma unroll
+    for (int q = 0; q < K; q++) xa[q] = xb[q];
   }
 }
 
@@ -411,6 +551,116 @@ __global__ void __launch_bounds__(TT_CUDA_THREADS, DW ? tt_norm_dw_min_blocks<DT
   }
 }
 
+/* The pipelined backward (TITAN_CUDA_NORM_PIPE; with dw, 16-bit rows kept
+ * in registers): tt_rmsnorm_dx_kernel's slots of L rows, with the next
+ * row's x, dy and rstd loaded before the current row is worked on, and the
+ * weight row kept in registers. The dot's products are exact (bf16
+ * factors), so with A = double the fma gives the default kernel's bits. */
+/* 3 blocks an SM for 1-chunk rows (80 registers), 2 for 2-chunk ones, which
+ * spill 100-140 bytes at 3 (x, dy, their next row and w). */
+template <int DT, int G, int K, typename A>
+__global__ void __launch_bounds__(TT_CUDA_THREADS, K == 1 ? 3 : 2)
+    tt_rmsnorm_dxdw_pipe_kernel(int64_t rows, int64_t dim, const typename tt_ft<DT>::S *__restrict__ x,
+                                const typename tt_ft<DT>::S *__restrict__ w,
+                                const typename tt_ft<DT>::C *__restrict__ rstd,
+                                const typename tt_ft<DT>::S *__restrict__ dy, typename tt_ft<DT>::S *__restrict__ dx,
+                                bool acc, int64_t L, int64_t nslot, double *__restrict__ part) {
+  typedef typename tt_ft<DT>::S S;
+  typedef typename tt_ft<DT>::C C;
+  static_assert(tt_norm_pipe_dtype<DT>() && K > 0 && K <= 2, "the pipelined plan: bf16 rows of 1-2 chunks a lane");
+  constexpr int V = 16 / sizeof(S);
+  constexpr int PER = TT_CUDA_THREADS / G;
+  __shared__ A sm[TT_WARPS];
+  __shared__ C dwacc[K][V][TT_CUDA_THREADS]; /* as tt_rmsnorm_dx_kernel's */
+  /* as in the forward: rows of whole 16-byte chunks, all aligned alike */
+  const bool vec = (dim * (int64_t)sizeof(S)) % 16 == 0 && tt_al16(x) && tt_al16(dy) && tt_al16(dx) && tt_al16(w);
+  const int lane = threadIdx.x % G;
+  const int64_t group = (int64_t)blockIdx.x * PER + threadIdx.x / G;
+  const int64_t slot_end = group * L + L < rows ? group * L + L : rows;
+  const int tdw = threadIdx.x;
+  int full[K];
+  tt_pack<S> wr[K];
+#pragma unroll
+  for (int q = 0; q < K; q++) {
+    full[q] = (int)tt_norm_cnt<V>(lane, q, G, dim);
+    wr[q] = tt_ld_raw<DT>(w, tt_norm_e<V>(lane, q, G), full[q], vec);
+#pragma unroll
+    for (int k = 0; k < V; k++) dwacc[q][k][tdw] = (C)0;
+  }
+  /* Row t of the slot into xp, gp and *rp; nothing is read past the slot. */
+  auto fetch = [&](int64_t t, tt_pack<S> *xp, tt_pack<S> *gp, C *rp) {
+    int64_t r, n;
+    tt_norm_row(group * L + t, slot_end, rows, dim, &r, &n);
+#pragma unroll
+    for (int q = 0; q < K; q++) {
+      const int cnt = n > 0 ? full[q] : 0;
+      xp[q] = tt_ld_raw<DT>(x + r * dim, tt_norm_e<V>(lane, q, G), cnt, vec);
+      gp[q] = tt_ld_raw<DT>(dy + r * dim, tt_norm_e<V>(lane, q, G), cnt, vec);
+    }
+    *rp = n > 0 ? rstd[r] : (C)0;
+  };
+  tt_pack<S> xa[K], ga[K];
+  C rs_c;
+  fetch(0, xa, ga, &rs_c);
+  for (int64_t t = 0; t < L; t++) {
+    tt_pack<S> xb[K], gb[K];
+    C rs_next;
+    fetch(t + 1, xb, gb, &rs_next); /* in flight while this row is worked on */
+    int64_t r, n;
+    tt_norm_row(group * L + t, slot_end, rows, dim, &r, &n);
+    S *dr = dx + r * dim;
+    A dot = 0;
+#pragma unroll
+    for (int q = 0; q < K; q++) {
+      if (n <= 0) continue;
+      C xv[V], gv[V], wv[V];
+      tt_unpack<DT>(xa[q], xv);
+      tt_unpack<DT>(ga[q], gv);
+      tt_unpack<DT>(wr[q], wv);
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        dot = tt_fma(tt_mul((A)gv[k], (A)wv[k]), (A)xv[k], dot); /* zeros past the row add nothing */
+        dwacc[q][k][tdw] = tt_add(dwacc[q][k][tdw], tt_mul(tt_mul(gv[k], xv[k]), rs_c));
+      }
+    }
+    dot = tt_group_reduce<G>(dot, tt_sum_op(), sm);
+    C a, cc;
+    if constexpr (sizeof(A) == sizeof(double)) {
+      const double rs = (double)rs_c;
+      a = (C)rs;
+      cc = (C)(rs * rs * rs * dot / (double)dim); /* as the default kernel */
+    } else {
+      a = rs_c;
+      cc = tt_div(tt_mul(tt_mul(tt_mul(rs_c, rs_c), rs_c), dot), (float)dim);
+    }
+#pragma unroll
+    for (int q = 0; q < K; q++) {
+      const int cnt = n > 0 ? full[q] : 0;
+      if (cnt <= 0) continue;
+      C xv[V], gv[V], wv[V];
+      tt_unpack<DT>(xa[q], xv);
+      tt_unpack<DT>(ga[q], gv);
+      tt_unpack<DT>(wr[q], wv);
+      tt_norm_dx_chunk<DT>(dr, tt_norm_e<V>(lane, q, G), cnt, vec, acc, a, cc, xv, gv, wv);
+    }
+#pragma unroll
+    for (int q = 0; q < K; q++) {
+      xa[q] = xb[q];
+      ga[q] = gb[q];
+    }
+    rs_c = rs_next;
+  }
+  if (group < nslot) {
+#pragma unroll
+    for (int q = 0; q < K; q++) {
+      const int64_t e = tt_norm_e<V>(lane, q, G), cnt = tt_norm_cnt<V>(lane, q, G, dim);
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        if (k < cnt) part[group * dim + e + k] = (double)dwacc[q][k][tdw];
+    }
+  }
+}
+
 /* Thread (chunk k, column j) sums dy * x * rstd over rows [k * L, min(rows,
  * k * L + L)) in row order. R == 1: accumulates straight into dw. */
 template <int DT>
@@ -454,6 +704,27 @@ static void tt_rmsnorm_go(cudaStream_t s, int64_t rows, int64_t dim, double eps,
       rows, dim, eps, (const S *)x, (const S *)res, (const S *)w, (S *)h, (S *)y, (C *)rstd);
 }
 
+/* The pipelined forward: one wave of blocks (as many as the device holds
+ * at once, fewer for fewer rows), each looping over rows. */
+template <int DT, int G, int K, typename A>
+static void tt_rmsnorm_pipe_go(int device, cudaStream_t s, int64_t rows, int64_t dim, double eps, const void *x,
+                               const void *res, const void *w, void *h, void *y, void *rstd) {
+  typedef typename tt_ft<DT>::S S;
+  typedef typename tt_ft<DT>::C C;
+  static std::atomic<int> resident[2][TT_CUDA_MAX_DEVICES];
+  const bool add = res != NULL;
+  const void *kernel = add ? (const void *)tt_rmsnorm_pipe_kernel<DT, G, K, true, A>
+                           : (const void *)tt_rmsnorm_pipe_kernel<DT, G, K, false, A>;
+  int64_t blocks = tt_cuda_resident_blocks(kernel, device, resident[add]);
+  if (blocks > (int64_t)tt_cuda_group_blocks(rows, G)) blocks = tt_cuda_group_blocks(rows, G);
+  if (add)
+    tt_rmsnorm_pipe_kernel<DT, G, K, true, A><<<(unsigned int)blocks, TT_CUDA_THREADS, 0, s>>>(
+        rows, dim, eps, (const S *)x, (const S *)res, (const S *)w, (S *)h, (S *)y, (C *)rstd);
+  else
+    tt_rmsnorm_pipe_kernel<DT, G, K, false, A><<<(unsigned int)blocks, TT_CUDA_THREADS, 0, s>>>(
+        rows, dim, eps, (const S *)x, NULL, (const S *)w, NULL, (S *)y, (C *)rstd);
+}
+
 /* res == NULL: plain RMSNorm; else h = x + res is formed and normalized.
  * The row cut as tt_norm_plan_for says. */
 template <int DT>
@@ -467,6 +738,13 @@ static tt_status tt_rmsnorm_launch(int64_t rows, int64_t dim, double eps, const 
   if (st != TT_OK) return st;
   tt_norm_with_plan<DT>(p, [&](auto gc, auto kc) {
     constexpr int G = decltype(gc)::value, K = decltype(kc)::value;
+    if constexpr (tt_norm_pipe_dtype<DT>() && (K == 1 || K == 2)) {
+      if (p.pipe) {
+        if (p.pipe == 2) tt_rmsnorm_pipe_go<DT, G, K, float>(device, s, rows, dim, eps, x, res, w, h, y, rstd);
+        else tt_rmsnorm_pipe_go<DT, G, K, double>(device, s, rows, dim, eps, x, res, w, h, y, rstd);
+        return;
+      }
+    }
     if (res) tt_rmsnorm_go<DT, G, K, true>(s, rows, dim, eps, x, res, w, h, y, rstd);
     else tt_rmsnorm_go<DT, G, K, false>(s, rows, dim, eps, x, NULL, w, NULL, y, rstd);
   });
@@ -492,7 +770,7 @@ static void tt_rmsnorm_dx_go(cudaStream_t s, int64_t rows, int64_t dim, const vo
  * on an SM count that holds 396 would leave a second, mostly idle wave
  * taking as long as the first. So the dw bits are a function of the shape
  * and of the device and build (same machine, same bits). */
-template <int DT, int G, int K>
+template <int DT, int G, int K, int PIPE>
 static tt_status tt_rmsnorm_dxdw_go(int device, cudaStream_t s, int64_t rows, int64_t dim, const void *x,
                                     const void *w, const void *rstd, const void *dy, void *dx, void *dw, int acc) {
   typedef typename tt_ft<DT>::S S;
@@ -500,10 +778,14 @@ static tt_status tt_rmsnorm_dxdw_go(int device, cudaStream_t s, int64_t rows, in
   if constexpr (K == 0) {
     return tt_error_set(TT_ERR_INTERNAL, "cuda rmsnorm_backward: dw in the dx pass needs the row in registers");
   } else {
+    /* PIPE: the pipelined kernel, 1 with double statistics, 2 with f32 ones. */
+    void (*kernel)(int64_t, int64_t, const S *, const S *, const C *, const S *, S *, bool, int64_t, int64_t,
+                   double *) = tt_rmsnorm_dx_kernel<DT, G, K, true>;
+    if constexpr (PIPE == 1) kernel = tt_rmsnorm_dxdw_pipe_kernel<DT, G, K, double>;
+    if constexpr (PIPE == 2) kernel = tt_rmsnorm_dxdw_pipe_kernel<DT, G, K, float>;
     static std::atomic<int> resident[TT_CUDA_MAX_DEVICES];
     const int64_t per = TT_CUDA_THREADS / G;
-    const int64_t groups = per * tt_cuda_resident_blocks((const void *)tt_rmsnorm_dx_kernel<DT, G, K, true>, device,
-                                                         resident);
+    const int64_t groups = per * tt_cuda_resident_blocks((const void *)kernel, device, resident);
     const int64_t cap = (int64_t)(TT_CUDA_WORKSPACE / sizeof(double)) / dim;
     int64_t waves = (rows + groups * 128 - 1) / (groups * 128);
     if (waves > cap / groups) waves = cap / groups;
@@ -515,7 +797,7 @@ static tt_status tt_rmsnorm_dxdw_go(int device, cudaStream_t s, int64_t rows, in
     void *ws;
     tt_status st = tt_cuda_workspace(device, &ws, &hold);
     if (st != TT_OK) return st;
-    tt_rmsnorm_dx_kernel<DT, G, K, true><<<(unsigned int)((nslot + per - 1) / per), TT_CUDA_THREADS, 0, s>>>(
+    kernel<<<(unsigned int)((nslot + per - 1) / per), TT_CUDA_THREADS, 0, s>>>(
         rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, L, nslot,
         (double *)ws);
     TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dx_kernel (with dw)");
@@ -538,8 +820,12 @@ static tt_status tt_rmsnorm_backward_launch(int64_t rows, int64_t dim, const voi
   if (st != TT_OK) return st;
   if (dw && p.K > 0 && (int64_t)(TT_CUDA_WORKSPACE / sizeof(double)) / dim >= 1)
     return tt_norm_with_plan<DT>(p, [&](auto gc, auto kc) {
-      return tt_rmsnorm_dxdw_go<DT, decltype(gc)::value, decltype(kc)::value>(device, s, rows, dim, x, w, rstd, dy, dx,
-                                                                              dw, acc);
+      constexpr int G = decltype(gc)::value, K = decltype(kc)::value;
+      if constexpr (tt_norm_pipe_dtype<DT>() && (K == 1 || K == 2)) {
+        if (p.pipe == 1) return tt_rmsnorm_dxdw_go<DT, G, K, 1>(device, s, rows, dim, x, w, rstd, dy, dx, dw, acc);
+        if (p.pipe == 2) return tt_rmsnorm_dxdw_go<DT, G, K, 2>(device, s, rows, dim, x, w, rstd, dy, dx, dw, acc);
+      }
+      return tt_rmsnorm_dxdw_go<DT, G, K, 0>(device, s, rows, dim, x, w, rstd, dy, dx, dw, acc);
     });
   tt_norm_with_plan<DT>(p, [&](auto gc, auto kc) {
     tt_rmsnorm_dx_go<DT, decltype(gc)::value, decltype(kc)::value>(s, rows, dim, x, w, rstd, dy, dx, acc);

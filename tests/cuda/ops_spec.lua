@@ -472,6 +472,22 @@ describe("cuda ops: rmsnorm", function()
   end
 end)
 
+-- A setting the RMSNorm launches read (with_setting(value, fn) runs fn under it): each bad value
+-- makes the op fail with the line `want` (its %s: the value); unset again, the op runs.
+local function norm_setting_refused(with_setting, dt, bads, want)
+  local x, w = dev(H.randn({ 2, 64 }, 1, dt)), dev(H.randn({ 64 }, 2, dt))
+  for _, bad in ipairs(bads) do
+    local st, msg
+    with_setting(bad, function()
+      st = C.tt_op_rmsnorm(x._c, w._c, 1e-5, box(), box())
+      msg = ffi.string(C.tt_last_error())
+    end)
+    assert.are_not.equal(0, st, bad .. ": the op went ahead")
+    assert.truthy(msg:find(want:format(bad), 1, true), bad .. ": " .. msg)
+  end
+  ok(C.tt_op_rmsnorm(x._c, w._c, 1e-5, box(), box()), "rmsnorm with the setting unset")
+end
+
 describe("cuda ops: rmsnorm's lanes per row (TITAN_CUDA_NORM_GROUP)", function()
   -- The setting is read at each launch, so one process can go through every
   -- choice: the GPU benchmark times them side by side (docs/cuda.md).
@@ -498,20 +514,71 @@ describe("cuda ops: rmsnorm's lanes per row (TITAN_CUDA_NORM_GROUP)", function()
   -- (the CPU self-test has no such setting)
   local on_gpu = H.ON_GPU and it or pending
   on_gpu("any other value: the op fails with one line naming the setting and the choices", H.scoped(function()
-    local x, w = dev(H.randn({ 2, 64 }, 1, "float32")), dev(H.randn({ 64 }, 2, "float32"))
-    for _, bad in ipairs({ "100", "128x", "-64" }) do
-      local st, msg
-      with_group(bad, function()
-        st = C.tt_op_rmsnorm(x._c, w._c, 1e-5, box(), box())
-        msg = ffi.string(C.tt_last_error())
-      end)
-      assert.are_not.equal(0, st, bad .. ": the op went ahead")
-      assert.truthy(msg:find("TITAN_CUDA_NORM_GROUP=" .. bad .. ": expected 32, 64, 128 or 256 lanes per row", 1,
-        true), bad .. ": " .. msg)
+    norm_setting_refused(with_group, "float32", { "100", "128x", "-64" },
+      "TITAN_CUDA_NORM_GROUP=%s: expected 32, 64, 128 or 256 lanes per row")
+  end))
+end)
+
+describe("cuda ops: rmsnorm's pipelined plan (TITAN_CUDA_NORM_PIPE)", function()
+  -- An experiment the GPU benchmark times next to the default plan (docs/cuda.md): bf16 rows of one
+  -- or two chunks a lane, blocks looping over rows with the next one loaded ahead. With double
+  -- statistics (=1) it must give the default plan's bits; with f32 ones, the reference within bf16's
+  -- tolerance. Shapes: warp rows of one and two chunks, block rows of one and two, ragged rows (no
+  -- 16-byte loads), more rows than one wave of blocks takes at once (each block loops), and rows the
+  -- plan leaves to the default kernels (four chunks a lane; rows read twice).
+  local SHAPES = { { 67, 256 }, { 130, 500 }, { 21, 2048 }, { 19, 4096 }, { 11, 4000 }, { 9, 1024 }, { 2, 12289 } }
+
+  local function with_pipe(v, fn)
+    if v then ffi.C.setenv("TITAN_CUDA_NORM_PIPE", v, 1) end
+    local fine, err = pcall(fn)
+    ffi.C.unsetenv("TITAN_CUDA_NORM_PIPE")
+    if not fine then error(err, 0) end
+  end
+
+  -- Every output of the forward, the residual forward and both backwards, on the device.
+  local function outputs(rows, dim, seed, what)
+    local dt = "bfloat16"
+    local x, r = dev(H.randn({ rows, dim }, seed, dt, 3)), dev(H.randn({ rows, dim }, seed + 1, dt))
+    local w, dy = dev(H.randn({ dim }, seed + 2, dt, 0.5, 1)), dev(H.randn({ rows, dim }, seed + 3, dt))
+    local o = {}
+    o.y, o.rstd = run(what, { poison({ rows, dim }, dt), poison({ rows }, "float32") }, function(b1, b2)
+      return C.tt_op_rmsnorm(x._c, w._c, 1e-5, b1, b2)
+    end)
+    o.h, o.hy, o.hrstd = run(what .. " add", { poison({ rows, dim }, dt), poison({ rows, dim }, dt),
+      poison({ rows }, "float32") }, function(b1, b2, b3) return C.tt_op_add_rmsnorm(x._c, r._c, w._c, 1e-5, b1, b2, b3) end)
+    o.dw = dev(H.randn({ dim }, seed + 4, dt))
+    o.dx = run(what .. " backward", { poison({ rows, dim }, dt) }, function(b)
+      return C.tt_op_rmsnorm_backward(x._c, w._c, o.rstd._c, dy._c, b, o.dw._c)
+    end)
+    o.acc = dev(H.randn({ rows, dim }, seed + 5, dt))
+    ok(C.tt_op_rmsnorm_backward_acc(x._c, w._c, o.rstd._c, dy._c, o.acc._c, nil), what .. " backward_acc")
+    H.sync()
+    return o
+  end
+
+  it("with double statistics: the default plan's bits (y, rstd, h, dx, dx accumulated, dweight)",
+    H.scoped(function()
+      for k, rd in ipairs(SHAPES) do
+        local what = ("rmsnorm %dx%d bf16"):format(rd[1], rd[2])
+        local want = outputs(rd[1], rd[2], 100 + 10 * k, what)
+        local got
+        with_pipe("1", function() got = outputs(rd[1], rd[2], 100 + 10 * k, what .. " pipelined") end)
+        for _, name in ipairs({ "y", "rstd", "h", "hy", "hrstd", "dx", "acc", "dw" }) do
+          H.check_exact(got[name], want[name], what .. " pipelined: " .. name)
+        end
+      end
+    end))
+
+  it("with f32 statistics: the reference within bf16's tolerance (y, rstd, dx, dweight)", H.scoped(function()
+    for k, rd in ipairs(SHAPES) do
+      local c = rmsnorm_case(rd[1], rd[2], "bfloat16", 200 + k)
+      with_pipe("f32", function() check_rmsnorm(c, c.what .. ", pipelined, f32 statistics") end)
     end
-    -- unset again: the default plan
-    local b1, b2 = box(), box()
-    ok(C.tt_op_rmsnorm(x._c, w._c, 1e-5, b1, b2), "rmsnorm with the setting unset")
+  end))
+
+  local on_gpu = H.ON_GPU and it or pending
+  on_gpu("any other value: the op fails with one line naming the setting and the choices", H.scoped(function()
+    norm_setting_refused(with_pipe, "bfloat16", { "2", "yes", "f16" }, "TITAN_CUDA_NORM_PIPE=%s: expected 0, 1 or f32")
   end))
 end)
 
