@@ -227,15 +227,21 @@ local function f3(x) return x and ("%.3f"):format(x) or "-" end
 -- ---- GEMM ----------------------------------------------------------------------------------
 local gemm_rows = {}
 -- ta/tb as the C API takes them: y = x @ W^T is (x [M,K], W [N,K], 0, 1).
-local function gemm(label, M, N, K, dt, ta, tb)
+-- tuned: with training.gemm_autotune's switch on (docs/cuda.md), next to the
+-- heuristic's row of the same shape; the first call, which times the
+-- candidates, is outside the timing.
+local function gemm(label, M, N, K, dt, ta, tb, tuned)
   ta, tb = ta or 0, tb or 1
-  local est = 2 * M * N * K / 600e12 * 20 + 3
+  label = tuned and label .. " (autotuned)" or label
+  local est = 2 * M * N * K / 600e12 * (tuned and 60 or 20) + 3
+  titan.set_gemm_autotune(tuned or false)
   local r = guarded("gemm", label, ON_GPU and est or 0, function()
     local a = rand_dev(ta == 1 and { K, M } or { M, K }, dt, 1)
     local b = rand_dev(tb == 1 and { N, K } or { K, N }, dt, 2)
     local out = titan.empty({ M, N }, { dtype = dt, device = DEV })
     local oa = box(out)
     local fn = function() check(C.tt_op_matmul(a._c, b._c, ta, tb, 1, 0, oa), "matmul") end
+    if tuned then fn() end
     local t = time_it(fn, reps_for(fn, 0.05), 5, 2)
     local tflops = 2 * M * N * K / t / 1e12
     print(("  [gemm] %-26s %s %5dx%5dx%5d  %8.3f ms  %7.1f TFLOP/s"):format(label, dt, M, N, K, t * 1e3, tflops))
@@ -246,6 +252,7 @@ local function gemm(label, M, N, K, dt, ta, tb)
     gemm_rows[#gemm_rows + 1] = { r.label, r.dtype, ("%dx%dx%d"):format(r.M, r.N, r.K), f3(r.ms), f1(r.tflops),
       ("%.0f%%"):format(100 * r.tflops * 1e12 / PEAK) }
   end
+  titan.set_gemm_autotune(false)
 end
 
 -- ---- attention -----------------------------------------------------------------------------
@@ -583,6 +590,7 @@ local BF = ON_GPU and "bfloat16" or "float32"
 
 -- Headline figures first (the targets), then the rest, so a short budget keeps what matters.
 if S then gemm("square", 64, 64, 64, BF) else gemm("square 8192^3", 8192, 8192, 8192, BF) end
+if S then gemm("square", 64, 64, 64, BF, 0, 1, true) else gemm("square 8192^3", 8192, 8192, 8192, BF, 0, 1, true) end
 if S then attention(1, 64, 4, 2, 32, BF) else attention(1, 8192, 32, 8, 128, BF) end
 if S then
   copy_bench(65536, "float32")
@@ -615,6 +623,11 @@ else
   -- Launch-bound: a small step, eager and replayed from a CUDA graph.
   local dm = train_bench("llama3 debugmodel", "debugmodel", 4, 512, { "bfloat16", "float32" }, 10, 3, 8)
   if dm then train_bench("llama3 debugmodel", "debugmodel", 4, 512, { dm.dtype }, 10, 3, 8, true) end
+  -- The 1B step again with GEMM autotuning (docs/cuda.md), next to the row above: its warm-up steps time the
+  -- candidates of each shape.
+  titan.set_gemm_autotune(true)
+  train_bench("llama3 1B (gemm autotune)", "1B", 1, 8192, { "bfloat16" }, 5, 2, 45)
+  titan.set_gemm_autotune(false)
   -- After the headline figures: the optimizer step's launches.
   adamw_model_bench("debugmodel")
   adamw_model_bench("1B")
@@ -636,6 +649,7 @@ if not S then
   gemm("8B wq/wo 4096->4096", 8192, 4096, 4096, "bfloat16")
   gemm("8B wk/wv 4096->1024", 8192, 1024, 4096, "bfloat16")
   gemm("8B w1/w3 4096->14336", 8192, 14336, 4096, "bfloat16")
+  gemm("8B w1/w3 4096->14336", 8192, 14336, 4096, "bfloat16", 0, 1, true)
   gemm("8B w2 14336->4096", 8192, 4096, 14336, "bfloat16")
   gemm("8B output 4096->128256", 8192, 128256, 4096, "bfloat16")
   if not args.quick then

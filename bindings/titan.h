@@ -91,6 +91,14 @@ void tt_set_num_threads(int n);
  * PyTorch. The CPU always computes f32 exactly. */
 void tt_set_allow_tf32(int on);
 int tt_allow_tf32(void);
+/* GEMM autotuning on CUDA, process-wide, off by default (as PyTorch's
+ * TunableOp): the first GEMM of each shape that overwrites its output times
+ * cuBLASLt's best few candidate algorithms and keeps the fastest for that
+ * shape. Runs may then pick different algorithms (timing noise), so their
+ * bits may differ: deterministic mode (tt_set_deterministic) turns it off.
+ * The CPU ignores it. */
+void tt_set_gemm_autotune(int on);
+int tt_gemm_autotune(void);
 /* "OpenBLAS 0.3.21 core=Cooperlake (chosen by titan: ...)" — loads the BLAS. */
 const char *tt_blas_info(void);
 int tt_cuda_available(void);

@@ -170,4 +170,10 @@ void tt_set_allow_tf32(int on) { atomic_store(&tt_tf32, on != 0); }
 
 int tt_allow_tf32(void) { return atomic_load(&tt_tf32); }
 
+static atomic_int tt_tune = 0;
+
+void tt_set_gemm_autotune(int on) { atomic_store(&tt_tune, on != 0); }
+
+int tt_gemm_autotune(void) { return atomic_load(&tt_tune); }
+
 const char *tt_version(void) { return TITAN_VERSION; }

@@ -438,7 +438,8 @@ static tt_status tt_matmul_run(const char *name, const tt_tensor *a_in, const tt
     st = tt_kernel_check(be->gemm(compute_dtype, trans_a ^ fa, trans_b ^ fb, batch_eff, m_eff, N, Ka, alpha,
                                   tt_tensor_data(a), lda, sa, tt_tensor_data(b), ldb, sb, beta, tt_tensor_data(c), ldc,
                                   sc, tbias ? tt_tensor_data(tbias) : NULL, tbias ? tbias->dtype : -1,
-                                  tt_allow_tf32()),
+                                  (tt_allow_tf32() ? TT_GEMM_TF32 : 0) |
+                                      (tt_gemm_autotune() && !tt_deterministic() ? TT_GEMM_TUNE : 0)),
                          "gemm", be, compute_dtype);
     if (st != TT_OK)
       st = tt_error_set(st, "%s: %s gemm failed for a %s, b %s, out %s%s%s", name, be->name, SHP(a_in, s1),

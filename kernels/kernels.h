@@ -46,6 +46,11 @@ typedef struct tt_index_fault {
 
 /* One tensor of a multi-tensor AdamW step (adamw_multi). */
 #define TT_ADAMW_MULTI_MAX 32
+
+/* gemm's flags */
+#define TT_GEMM_TF32 1 /* f32 products may round their inputs to TF32 */
+#define TT_GEMM_TUNE 2 /* time candidate algorithms for a new shape */
+
 typedef struct tt_adamw_tensor {
   void *param;
   const void *grad;
@@ -157,12 +162,14 @@ typedef struct tt_kernels {
    *    (a linear layer's bias, fused into the GEMM), 16-byte aligned, of
    *    bias_dtype = dtype (ops.c converts the bias to the GEMM's dtype
    *    first; a backend may reject any other bias_dtype).
-   *    allow_tf32: f32 products may round their inputs to TF32 (where the
-   *    backend has it; the CPU computes exactly whatever the flag). -- */
+   *    flags: TT_GEMM_TF32, f32 products may round their inputs to TF32;
+   *    TT_GEMM_TUNE, the backend may time candidate algorithms for a new
+   *    shape (where it has them; the CPU computes exactly whatever the
+   *    flags). -- */
   tt_status (*gemm)(int dtype, int trans_a, int trans_b, int64_t batch, int64_t m, int64_t n, int64_t k,
                     double alpha, const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb,
                     int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c, const void *bias,
-                    int bias_dtype, int allow_tf32);
+                    int bias_dtype, int flags);
 
   /* -- indexing; src/dst viewed as contiguous [outer, n, inner], idx i64.
    *    The engine checks CPU indices before the call; a backend without

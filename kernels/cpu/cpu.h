@@ -37,7 +37,7 @@ tt_status tt_cpu_sumsq(int dtype, int64_t n, const void *x, double *out);
 tt_status tt_cpu_gemm(int dtype, int trans_a, int trans_b, int64_t batch, int64_t m, int64_t n, int64_t k,
                       double alpha, const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb,
                       int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c, const void *bias,
-                      int bias_dtype, int allow_tf32);
+                      int bias_dtype, int flags);
 /* index.c */
 tt_status tt_cpu_index_select(int dtype, int64_t outer, int64_t n_src, int64_t inner, const void *src, int64_t n_idx,
                               const int64_t *idx, void *out);

@@ -97,12 +97,13 @@ const char *tt_blas_info(void) {
     }                                                                               \
   } while (0)
 
-/* allow_tf32 is ignored: OpenBLAS has no TF32 mode, f32 stays exact here. */
+/* flags are ignored: OpenBLAS has no TF32 mode (f32 stays exact here) and
+ * one algorithm per call. */
 tt_status tt_cpu_gemm(int dtype, int trans_a, int trans_b, int64_t batch, int64_t m, int64_t n, int64_t k,
                       double alpha, const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb,
                       int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c, const void *bias,
-                      int bias_dtype, int allow_tf32) {
-  (void)allow_tf32;
+                      int bias_dtype, int flags) {
+  (void)flags;
   pthread_once(&tt_blas.once, tt_blas_load);
   if (!tt_blas.sgemm || !tt_blas.dgemm) return TT_ERR_UNSUPPORTED;
   if (dtype != TT_F32 && dtype != TT_F64) return TT_ERR_DTYPE;

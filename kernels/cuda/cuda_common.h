@@ -54,7 +54,7 @@ tt_status tt_cuda_fill(int dtype, int64_t n, double value, void *dst);
 tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t batch, int64_t m, int64_t n, int64_t k,
                        double alpha, const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb,
                        int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c, const void *bias,
-                       int bias_dtype, int allow_tf32);
+                       int bias_dtype, int flags);
 
 /* host.cu: pinned host memory and asynchronous device->host copies. */
 tt_status tt_cuda_host_alloc(size_t nbytes, void **out);

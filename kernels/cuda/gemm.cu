@@ -32,6 +32,17 @@
  * default. The algorithm is chosen once per key by a heuristic that is a
  * function of the key, and the shared workspace is only ever used by one
  * stream.
+ *
+ * Autotuning (TT_GEMM_TUNE, tt_set_gemm_autotune; as PyTorch's TunableOp):
+ * the key then asks the heuristic for its best TT_GEMM_TUNE_CANDIDATES
+ * algorithms, and the first call of the key that overwrites C (beta = 0,
+ * so the trial runs' output is overwritten by the real one) outside a
+ * graph capture (which cannot time or wait) runs each candidate once to
+ * warm up and TT_GEMM_TUNE_RUNS times between two events on the compute
+ * stream, waits for them, and keeps the fastest for the key; until then,
+ * and where no candidate ran, the heuristic's first choice serves. Which
+ * candidate wins can change with timing noise, so bits can differ from run
+ * to run: ops.c does not ask for it in deterministic mode.
  */
 #include <cublasLt.h>
 #include <mutex>
@@ -42,6 +53,8 @@
 
 #define TT_GEMM_WORKSPACE (32u << 20)
 #define TT_GEMM_CACHE 64
+#define TT_GEMM_TUNE_CANDIDATES 8
+#define TT_GEMM_TUNE_RUNS 3
 
 static tt_status tt_lt_fail(cublasStatus_t s, const char *call, const char *file, int line) {
   return tt_error_set(TT_ERR_INTERNAL, "cublasLt: %s failed at %s:%d: %s", call, tt_cuda_short_file(file), line,
@@ -56,7 +69,7 @@ static tt_status tt_lt_fail(cublasStatus_t s, const char *call, const char *file
 
 /* bias_dtype is -1 without a bias; align_bias 0 then. */
 struct tt_gemm_key {
-  int32_t dtype, trans_a, trans_b, align_a, align_b, align_c, bias_dtype, align_bias, tf32;
+  int32_t dtype, trans_a, trans_b, align_a, align_b, align_c, bias_dtype, align_bias, tf32, tune;
   int64_t batch, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c;
 };
 
@@ -67,6 +80,10 @@ struct tt_gemm_plan {
   cublasLtMatmulDesc_t op;
   cublasLtMatrixLayout_t la, lb, lc; /* of cuBLASLt's A (our B), B (our A), C */
   cublasLtMatmulAlgo_t algo;
+  /* a tuned key whose candidates are still to be timed (the heuristic's
+   * first serves meanwhile) */
+  int ncand;
+  cublasLtMatmulAlgo_t cand[TT_GEMM_TUNE_CANDIDATES];
 };
 
 static struct tt_gemm_dev {
@@ -149,10 +166,11 @@ static tt_status tt_gemm_plan_build(tt_gemm_dev *g, tt_gemm_plan *p, const tt_ge
     s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4);
   if (s == CUBLAS_STATUS_SUCCESS)
     s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], 4);
-  cublasLtMatmulHeuristicResult_t h;
+  cublasLtMatmulHeuristicResult_t h[TT_GEMM_TUNE_CANDIDATES];
   int found = 0;
   if (s == CUBLAS_STATUS_SUCCESS)
-    s = cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &h, &found);
+    s = cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->la, p->lb, p->lc, p->lc, pref,
+                                       q->tune ? TT_GEMM_TUNE_CANDIDATES : 1, h, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED)
     return tt_lt_fail(s, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
@@ -164,9 +182,51 @@ static tt_status tt_gemm_plan_build(tt_gemm_dev *g, tt_gemm_plan *p, const tt_ge
                         q->dtype, (long long)q->batch, (long long)q->m, (long long)q->n, (long long)q->k, q->trans_a,
                         q->trans_b, (long long)q->lda, (long long)q->ldb, (long long)q->ldc, q->align_a, q->align_b,
                         q->align_c, q->bias_dtype, q->align_bias, q->tf32);
-  p->algo = h.algo;
+  p->algo = h[0].algo;
+  if (q->tune && found > 1)
+    for (int i = 0; i < found; i++)
+      if (h[i].state == CUBLAS_STATUS_SUCCESS && h[i].workspaceSize <= TT_GEMM_WORKSPACE) p->cand[p->ncand++] = h[i].algo;
+  if (p->ncand < 2) p->ncand = 0; /* nothing to choose between */
   p->key = *key;
   p->used = 1;
+  return TT_OK;
+}
+
+/* Times the plan's candidates on the call's operands (C overwritten: beta =
+ * 0) and keeps the fastest; a candidate that fails to run is passed over.
+ * Errors of the events (not of a candidate) end the timing, with the
+ * heuristic's first choice kept. */
+static tt_status tt_gemm_tune(tt_gemm_dev *g, tt_gemm_plan *p, cudaStream_t s, const void *alpha, const void *beta,
+                              const void *a, const void *b, void *c) {
+  cudaEvent_t e0 = NULL, e1 = NULL;
+  cudaError_t err = cudaEventCreate(&e0);
+  if (err == cudaSuccess) err = cudaEventCreate(&e1);
+  float best = -1.0f;
+  int won = -1;
+  for (int i = 0; i < p->ncand && err == cudaSuccess; i++) {
+    const cublasLtMatmulAlgo_t *al = &p->cand[i];
+    if (cublasLtMatmul(g->lt, p->op, alpha, b, p->la, a, p->lb, beta, c, p->lc, c, p->lc, al, g->workspace,
+                       TT_GEMM_WORKSPACE, s) != CUBLAS_STATUS_SUCCESS)
+      continue;
+    err = cudaEventRecord(e0, s);
+    int ran = 1;
+    for (int r = 0; r < TT_GEMM_TUNE_RUNS && ran && err == cudaSuccess; r++)
+      ran = cublasLtMatmul(g->lt, p->op, alpha, b, p->la, a, p->lb, beta, c, p->lc, c, p->lc, al, g->workspace,
+                           TT_GEMM_WORKSPACE, s) == CUBLAS_STATUS_SUCCESS;
+    if (err == cudaSuccess) err = cudaEventRecord(e1, s);
+    if (err == cudaSuccess) err = cudaEventSynchronize(e1);
+    float ms = 0.0f;
+    if (err == cudaSuccess) err = cudaEventElapsedTime(&ms, e0, e1);
+    if (err == cudaSuccess && ran && (won < 0 || ms < best)) {
+      best = ms;
+      won = i;
+    }
+  }
+  if (e1) cudaEventDestroy(e1);
+  if (e0) cudaEventDestroy(e0);
+  if (won >= 0) p->algo = p->cand[won];
+  p->ncand = 0;
+  if (err != cudaSuccess) return tt_cuda_fail(err, "gemm autotune (events)", __FILE__, __LINE__);
   return TT_OK;
 }
 
@@ -211,7 +271,7 @@ extern "C" tt_status tt_cuda_gemm_prepare(int device) {
 extern "C" tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t batch, int64_t m, int64_t n, int64_t k,
                                   double alpha, const void *a, int64_t lda, int64_t stride_a, const void *b,
                                   int64_t ldb, int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c,
-                                  const void *bias, int bias_dtype, int allow_tf32) {
+                                  const void *bias, int bias_dtype, int flags) {
   cudaDataType_t t, scale = CUDA_R_32F;
   cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
   size_t es;
@@ -219,7 +279,7 @@ extern "C" tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t b
     case TT_F32:
       t = CUDA_R_32F;
       es = 4;
-      if (allow_tf32) ct = CUBLAS_COMPUTE_32F_FAST_TF32;
+      if (flags & TT_GEMM_TF32) ct = CUBLAS_COMPUTE_32F_FAST_TF32;
       break;
     case TT_BF16: t = CUDA_R_16BF; es = 2; break;
     case TT_F16: t = CUDA_R_16F; es = 2; break;
@@ -267,6 +327,7 @@ extern "C" tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t b
     key.bias_dtype = epi_bias ? bias_dtype : -1;
     key.align_bias = epi_bias ? tt_gemm_align(epi_bias, 1, 0, 4) : 0;
     key.tf32 = ct == CUBLAS_COMPUTE_32F_FAST_TF32;
+    key.tune = (flags & TT_GEMM_TUNE) != 0;
     key.batch = batch;
     key.m = m;
     key.n = n;
@@ -306,6 +367,12 @@ extern "C" tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t b
     float alpha_f = (float)alpha, beta_f = (float)beta;
     const void *pa = dtype == TT_F64 ? (const void *)&alpha : (const void *)&alpha_f;
     const void *pb = dtype == TT_F64 ? (const void *)&beta : (const void *)&beta_f;
+    if (p->ncand && beta == 0.0) {
+      cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(s, &cap) == cudaSuccess && cap == cudaStreamCaptureStatusNone &&
+          (st = tt_gemm_tune(g, p, s, pa, pb, a, b, c)) != TT_OK)
+        return st;
+    }
     TT_LT_CHECK(cublasLtMatmul(g->lt, p->op, pa, b, p->la, a, p->lb, pb, c, p->lc, c, p->lc, &p->algo, g->workspace,
                                TT_GEMM_WORKSPACE, s));
     break;

@@ -54,6 +54,7 @@ M.defaults = {
     shuffle = true,
     cuda_graphs = false,    -- replay each micro-batch's forward + backward from a captured CUDA graph (cuda only)
     allow_tf32 = false,     -- f32 matmuls on CUDA round their inputs to TF32 (as torch's allow_tf32); the CPU ignores it
+    gemm_autotune = false,  -- time cuBLASLt's best candidates for each new GEMM shape (as torch's TunableOp; cuda only)
   },
   validation = {
     enable = false,
@@ -145,6 +146,7 @@ M.descriptions = {
   ["training.shuffle"] = "seeded shuffle of the training windows",
   ["training.cuda_graphs"] = "replay forward+backward and the update from CUDA graphs (cuda only)",
   ["training.allow_tf32"] = "f32 matmuls on CUDA use TF32 tensor cores",
+  ["training.gemm_autotune"] = "time cuBLASLt's candidate algorithms per GEMM shape, keep the fastest (cuda only)",
   ["validation.enable"] = "held-out loss during training",
   ["validation.freq"] = "every this many steps",
   ["validation.steps"] = "batches per validation",

@@ -62,6 +62,9 @@ function titan.deterministic() return C.tt_deterministic() ~= 0 end
 -- TF32 for f32 matmuls on CUDA, process-wide (off by default; the CPU ignores it).
 function titan.set_allow_tf32(on) C.tt_set_allow_tf32(on and 1 or 0) end
 function titan.allow_tf32() return C.tt_allow_tf32() ~= 0 end
+-- GEMM autotuning on CUDA, process-wide (off by default; not in deterministic mode; the CPU ignores it).
+function titan.set_gemm_autotune(on) C.tt_set_gemm_autotune(on and 1 or 0) end
+function titan.gemm_autotune() return C.tt_gemm_autotune() ~= 0 end
 function titan.cuda_available() return C.tt_cuda_available() ~= 0 end
 function titan.cuda_device_count() return C.tt_cuda_device_count() end
 function titan.live_tensors() return tonumber(C.tt_tensor_live_count()) end

@@ -223,6 +223,7 @@ function M.new(cfg, opts)
   if t.threads > 0 then titan.set_num_threads(t.threads) end
   titan.set_deterministic(cfg.debug.deterministic)
   titan.set_allow_tf32(t.allow_tf32)
+  titan.set_gemm_autotune(t.gemm_autotune)
   titan.manual_seed(t.seed)
   self.device = t.device
   if t.device:match("^cuda") and not titan.cuda_available() then

@@ -148,3 +148,100 @@ describe("cuda matmul: TF32 for f32", function()
     end
   end))
 end)
+
+describe("cuda matmul: autotuning (training.gemm_autotune)", function()
+  -- cuemu ranks three candidate algorithms per shape and counts the cuBLASLt matmuls that ran, and
+  -- of them those with a candidate other than the heuristic's first (its events time nothing, so
+  -- the first wins every tie). On a GPU the counts are not there: the products are checked against
+  -- the reference, which is what any candidate must give.
+  local ffi = require("ffi")
+  pcall(ffi.cdef, "void tt_emu_matmul_counts(uint64_t *all, uint64_t *other);")
+  local counted = H.ON_GPU and pcall(function() return ffi.C.tt_emu_matmul_counts end)
+  local function counts()
+    if not counted then return nil end
+    local all, other = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
+    ffi.C.tt_emu_matmul_counts(all, other)
+    return { tonumber(all[0]), tonumber(other[0]) }
+  end
+  -- The matmuls (and non-first candidates) that ran since `before`.
+  local function since(before, want, what)
+    if not before then return end
+    local now = counts()
+    assert.are.same(want, { now[1] - before[1], now[2] - before[2] }, what)
+  end
+  local function with_tune(fn)
+    titan.set_gemm_autotune(true)
+    local fine, err = pcall(fn)
+    titan.set_gemm_autotune(false)
+    titan.set_deterministic(false)
+    if not fine then error(err, 0) end
+  end
+  local DT = H.ON_GPU and "bfloat16" or "float32"
+  -- out = x @ w^T (+ acc's values when acc: beta = 1), on the device
+  local function product(x, w, acc)
+    local out = acc and dev(acc) or poison({ x:size(1), w:size(1) }, DT)
+    ok(C.tt_op_matmul(dev(x)._c, dev(w)._c, 0, 1, 1, acc and 1 or 0, box(out)), "matmul " .. DT)
+    H.sync()
+    return out
+  end
+  -- Candidates 3 x (a warm-up + 3 timed runs) + the call itself; the other two candidates' 8.
+  local TUNED = { 13, 8 }
+
+  it("the first GEMM of a shape that overwrites its output times the candidates; later ones run once",
+    H.scoped(function()
+      local x, w = H.randn({ 72, 40 }, 11, DT), H.randn({ 56, 40 }, 12, DT)
+      local plain = product(x, w)
+      with_tune(function()
+        local c0 = counts()
+        local first = product(x, w)
+        since(c0, TUNED, "the first tuned call")
+        local c1 = counts()
+        local again = product(x, w)
+        since(c1, { 1, 0 }, "the second call: the kept algorithm")
+        H.check(first, ref(x, w), H.tol(DT), "tuned product")
+        H.check_exact(again, first, "the same algorithm again")
+        if counted then H.check_exact(first, plain, "the heuristic's algorithm won the tie") end
+      end)
+    end))
+
+  it("a GEMM that accumulates (beta = 1) runs once, adding once; the next one that overwrites tunes",
+    H.scoped(function()
+      local x, w, acc = H.randn({ 40, 24 }, 13, DT), H.randn({ 32, 24 }, 14, DT), H.randn({ 40, 32 }, 15, DT)
+      with_tune(function()
+        local c0 = counts()
+        local summed = product(x, w, acc)
+        since(c0, { 1, 0 }, "beta = 1: not timed (trial runs would add up)")
+        H.check(summed, ref(x, w) + f64(acc), H.tol(DT, 2), "accumulated once")
+        local c1 = counts()
+        product(x, w)
+        since(c1, TUNED, "the first overwriting call of the shape")
+      end)
+    end))
+
+  it("deterministic mode turns it off: one run, the heuristic's algorithm", H.scoped(function()
+    local x, w = H.randn({ 24, 16 }, 16, DT), H.randn({ 8, 16 }, 17, DT)
+    with_tune(function()
+      titan.set_deterministic(true)
+      local c0 = counts()
+      product(x, w)
+      since(c0, { 1, 0 }, "deterministic")
+    end)
+  end))
+
+  it("inside a graph capture nothing is timed (the capture cannot wait); the replay is right", H.scoped(function()
+    local cuda_graph = require("titan.cuda_graph")
+    local x = titan.keep(dev(H.randn({ 48, 32 }, 18, DT)))
+    local w = titan.keep(dev(H.randn({ 16, 32 }, 19, DT)))
+    with_tune(function()
+      local c0 = counts()
+      local g, why = cuda_graph.capture(H.DEV, function() return { y = titan.matmul(x, w:t()) } end)
+      assert(g, why)
+      since(c0, { 1, 0 }, "captured")
+      g:replay()
+      H.sync()
+      H.check(g.outputs.y, ref(x, w), H.tol(DT), "replayed")
+      g:free()
+    end)
+    x:free(); w:free()
+  end))
+end)

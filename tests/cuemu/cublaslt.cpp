@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 
 #include <stdint.h>
+#include <atomic>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,6 +60,7 @@ struct algo_words {
   uint64_t magic;
   uint32_t align[4];
   uint64_t workspace;
+  uint32_t index; /* which of the heuristic's candidates (they all compute alike here) */
 };
 const uint64_t ALGO_MAGIC = 0x6375656d75616c67ull;
 
@@ -285,18 +287,34 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
   cublasStatus_t s = check_shapes(as<desc>(op), as<layout>(a), as<layout>(b), as<layout>(c), as<layout>(d));
   if (s != CUBLAS_STATUS_SUCCESS) return s;
   const pref *p = as<pref>(pp);
-  memset(&results[0], 0, sizeof results[0]);
-  algo_words w;
-  w.magic = ALGO_MAGIC;
-  memcpy(w.align, p->align, sizeof w.align);
-  w.workspace = p->workspace;
-  static_assert(sizeof w <= sizeof results[0].algo, "algo words fit the opaque algo");
-  memcpy(&results[0].algo, &w, sizeof w);
-  results[0].workspaceSize = 0;
-  results[0].state = CUBLAS_STATUS_SUCCESS;
-  results[0].wavesCount = 1.0f;
-  *returned = 1;
+  /* Up to EMU_CANDIDATES candidates, as cuBLASLt ranks several: an
+   * autotuner has something to time (they compute alike; cuemu times
+   * nothing, so the first stays the fastest). */
+  const int EMU_CANDIDATES = 3;
+  for (int i = 0; i < requested && i < EMU_CANDIDATES; i++) {
+    memset(&results[i], 0, sizeof results[i]);
+    algo_words w;
+    memset(&w, 0, sizeof w);
+    w.magic = ALGO_MAGIC;
+    memcpy(w.align, p->align, sizeof w.align);
+    w.workspace = p->workspace;
+    w.index = (uint32_t)i;
+    static_assert(sizeof w <= sizeof results[0].algo, "algo words fit the opaque algo");
+    memcpy(&results[i].algo, &w, sizeof w);
+    results[i].workspaceSize = 0;
+    results[i].state = CUBLAS_STATUS_SUCCESS;
+    results[i].wavesCount = 1.0f;
+    *returned = i + 1;
+  }
   return CUBLAS_STATUS_SUCCESS;
+}
+
+/* cublasLtMatmul calls that ran, and of them those with a candidate other
+ * than the heuristic's first: a spec reads them around a GEMM (autotuning). */
+static std::atomic<uint64_t> emu_matmuls{0}, emu_matmuls_other{0};
+extern "C" void tt_emu_matmul_counts(uint64_t *all, uint64_t *other) {
+  *all = emu_matmuls.load();
+  *other = emu_matmuls_other.load();
 }
 
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void *alpha, const void *A,
@@ -321,6 +339,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   if (workspace_size > w.workspace)
     tt_emu_die("cublasLtMatmul: a %zu-byte workspace where the preference allowed %llu", workspace_size,
                (unsigned long long)w.workspace);
+  emu_matmuls++;
+  if (w.index) emu_matmuls_other++;
   int dev;
   if (workspace_size && tt_emu_classify(workspace, workspace_size, &dev) != 0)
     tt_emu_die("cublasLtMatmul: the workspace is not device memory");

@@ -414,23 +414,25 @@ describe("optimizer groups and sampling", function()
     tr.model:free()
   end)
 
-  it("training.allow_tf32 sets the process-wide switch at start; the CPU's losses do not move", function()
-    local function losses(flag)
-      local recipe = config.load_recipe("llama3_debugmodel")
-      local cfg = config.resolve(recipe, { "--job.dump_folder=" .. os.tmpname() .. ".d", "--metrics.peak_flops=1e11",
-        "--training.seq_len=32", "--training.local_batch_size=2", "--validation.enable=false",
-        "--metrics.enable_jsonl=false", "--training.allow_tf32=" .. tostring(flag) })
-      local tr = trainer.new(cfg, { print = function() end })
-      assert.are.equal(flag, titan.allow_tf32())
-      local l = tr:train(2)
-      tr:close()
-      tr.model:free()
-      return l
-    end
-    local on = losses(true)
-    assert.are.same(losses(false), on) -- OpenBLAS has no TF32: f32 stays exact
-    assert.is_false(titan.allow_tf32())
-  end)
+  for _, key in ipairs({ "allow_tf32", "gemm_autotune" }) do
+    it("training." .. key .. " sets the process-wide switch at start; the CPU's losses do not move", function()
+      local function losses(flag)
+        local recipe = config.load_recipe("llama3_debugmodel")
+        local cfg = config.resolve(recipe, { "--job.dump_folder=" .. os.tmpname() .. ".d", "--metrics.peak_flops=1e11",
+          "--training.seq_len=32", "--training.local_batch_size=2", "--validation.enable=false",
+          "--metrics.enable_jsonl=false", "--training." .. key .. "=" .. tostring(flag) })
+        local tr = trainer.new(cfg, { print = function() end })
+        assert.are.equal(flag, titan[key]())
+        local l = tr:train(2)
+        tr:close()
+        tr.model:free()
+        return l
+      end
+      local on = losses(true)
+      assert.are.same(losses(false), on) -- OpenBLAS has no TF32 and one algorithm: f32 stays exact
+      assert.is_false(titan[key]())
+    end)
+  end
 
   it("sampling: greedy, top-k = 1 and a tiny top-p all pick the argmax; the seed fixes the draw", function()
     local sampling = require("titan.sampling")
