@@ -295,7 +295,8 @@ __global__ void __launch_bounds__(TT_CUDA_THREADS, 3)
  * looping over rows, and each lane issues the loads of its group's next row
  * before it works on the current one (so HBM is read while the block
  * reduces and stores); the weight row is loaded once per block and kept in
- * registers; the sum of squares is one fused multiply-add an element (the
+ * registers; the row's 1/sqrt is computed once a row (tt_group_sum_then),
+ * not once a thread; the sum of squares is one fused multiply-add an element (the
  * product of two bf16 values is exact in f32 and double, so the fma rounds
  * exactly as the separate multiply and add: the same bits).
  *
@@ -310,6 +311,35 @@ template <> __device__ __forceinline__ double tt_norm_rstd<double>(double ss, in
 }
 template <> __device__ __forceinline__ float tt_norm_rstd<float>(float ss, int64_t dim, double eps) {
   return tt_div(1.0f, tt_sqrt(tt_add(tt_div(ss, (float)dim), (float)eps)));
+}
+
+/* tt_group_reduce's sum of v over the group, then f(sum): on a warp every
+ * lane computes it; on a wider group the group's first warp alone does
+ * (reading the warps' partial sums in tt_group_reduce's order: the same
+ * bits) and hands it to the others through out (a slot per group). So the
+ * double division and square root after the sum run once a row, not once a
+ * thread, at the cost of a third barrier. */
+template <int G, typename T, typename R, typename F>
+__device__ __forceinline__ R tt_group_sum_then(T v, T *smem, R *out, F f) {
+  v = tt_group_reduce<32>(v, tt_sum_op(), smem);
+  if constexpr (G == 32) {
+    return f(v);
+  } else {
+    constexpr int W = G / 32;
+    const int w = threadIdx.x >> 5, w0 = w & ~(W - 1);
+    __syncthreads(); /* smem and out may still be read by the previous call */
+    if ((threadIdx.x & 31) == 0) smem[w] = v;
+    __syncthreads();
+    if (w == w0) {
+      T r = smem[w0];
+#pragma unroll
+      for (int i = 1; i < W; i++) r = tt_sum_op()(r, smem[w0 + i]);
+      const R y = f(r);
+      if ((threadIdx.x & 31) == 0) out[w0 / W] = y;
+    }
+    __syncthreads();
+    return out[w0 / W];
+  }
 }
 
 /* Blocks an SM holds: 3 where ptxas fits that without spilling (-Xptxas -v,
@@ -329,6 +359,7 @@ __global__ void __launch_bounds__(TT_CUDA_THREADS, tt_norm_pipe_min_blocks<K, RE
   constexpr int V = 16 / sizeof(S);
   constexpr int PER = TT_CUDA_THREADS / G;
   __shared__ A sm[TT_WARPS];
+  __shared__ C rsm[PER]; /* each group's rstd (tt_group_sum_then) */
   const int lane = threadIdx.x % G;
   /* Every row starts as aligned as the first when a row is a whole number
    * of 16-byte chunks; otherwise all go element by element (same values). */
@@ -378,8 +409,7 @@ __global__ void __launch_bounds__(TT_CUDA_THREADS, tt_norm_pipe_min_blocks<K, RE
 #pragma unroll
       for (int k = 0; k < V; k++) ss = tt_fma((A)c[k], (A)c[k], ss);
     }
-    ss = tt_group_reduce<G>(ss, tt_sum_op(), sm);
-    const C rs = (C)tt_norm_rstd<A>(ss, dim, eps);
+    const C rs = tt_group_sum_then<G>(ss, sm, rsm, [&](A t) { return (C)tt_norm_rstd<A>(t, dim, eps); });
     if (lane == 0 && n > 0) rstd[r] = rs;
 #pragma unroll
     for (int q = 0; q < K; q++) {
@@ -571,6 +601,7 @@ __global__ void __launch_bounds__(TT_CUDA_THREADS, K == 1 ? 3 : 2)
   constexpr int V = 16 / sizeof(S);
   constexpr int PER = TT_CUDA_THREADS / G;
   __shared__ A sm[TT_WARPS];
+  __shared__ C ccm[PER]; /* each group's cc (tt_group_sum_then) */
   __shared__ C dwacc[K][V][TT_CUDA_THREADS]; /* as tt_rmsnorm_dx_kernel's */
   /* as in the forward: rows of whole 16-byte chunks, all aligned alike */
   const bool vec = (dim * (int64_t)sizeof(S)) % 16 == 0 && tt_al16(x) && tt_al16(dy) && tt_al16(dx) && tt_al16(w);
@@ -623,16 +654,14 @@ __global__ void __launch_bounds__(TT_CUDA_THREADS, K == 1 ? 3 : 2)
         dwacc[q][k][tdw] = tt_add(dwacc[q][k][tdw], tt_mul(tt_mul(gv[k], xv[k]), rs_c));
       }
     }
-    dot = tt_group_reduce<G>(dot, tt_sum_op(), sm);
-    C a, cc;
-    if constexpr (sizeof(A) == sizeof(double)) {
-      const double rs = (double)rs_c;
-      a = (C)rs;
-      cc = (C)(rs * rs * rs * dot / (double)dim); /* as the default kernel */
-    } else {
-      a = rs_c;
-      cc = tt_div(tt_mul(tt_mul(tt_mul(rs_c, rs_c), rs_c), dot), (float)dim);
-    }
+    const C a = rs_c, cc = tt_group_sum_then<G>(dot, sm, ccm, [&](A d) -> C {
+      if constexpr (sizeof(A) == sizeof(double)) {
+        const double rs = (double)rs_c;
+        return (C)(rs * rs * rs * d / (double)dim); /* as the default kernel */
+      } else {
+        return tt_div(tt_mul(tt_mul(tt_mul(rs_c, rs_c), rs_c), d), (float)dim);
+      }
+    });
 #pragma unroll
     for (int q = 0; q < K; q++) {
       const int cnt = n > 0 ? full[q] : 0;
