@@ -325,22 +325,27 @@ local function rmsnorm_bench(rows, dim, dt, how)
   local note = not how and "" or how.lanes and (" (" .. val .. " lanes)") or (" (pipelined, " ..
     (val == "f32" and "f32" or "f64") .. " stats)")
   if var then ffi.C.setenv(var, val, 1) end
-  guarded("memory", "rmsnorm " .. dt .. note, ON_GPU and 8 or 0, function()
+  guarded("memory", "rmsnorm " .. dt .. note, ON_GPU and 11 or 0, function()
     local x = rand_dev({ rows, dim }, dt, 1)
     local w = rand_dev({ dim }, dt, 2, 0.1)
     local dy = rand_dev({ rows, dim }, dt, 3)
     local sdt = dt == "float64" and "float64" or "float32"
     local y, rstd = titan.empty({ rows, dim }, { dtype = dt, device = DEV }), titan.empty({ rows }, { dtype = sdt, device = DEV })
     local dx, dw = titan.empty({ rows, dim }, { dtype = dt, device = DEV }), titan.zeros({ dim }, { dtype = dt, device = DEV })
-    local by, br, bdx = box(y), box(rstd), box(dx)
+    local h = titan.empty({ rows, dim }, { dtype = dt, device = DEV })
+    local by, br, bdx, bh = box(y), box(rstd), box(dx), box(h)
     local fwd = function() check(C.tt_op_rmsnorm(x._c, w._c, 1e-5, by, br), "rmsnorm") end
     local bwd = function() check(C.tt_op_rmsnorm_backward(x._c, w._c, rstd._c, dy._c, bdx, dw._c), "rmsnorm backward") end
+    -- the blocks' form: h = x + residual (dy standing in for it), normalized
+    local add = function() check(C.tt_op_add_rmsnorm(x._c, dy._c, w._c, 1e-5, bh, by, br), "add_rmsnorm") end
     local tf = time_it(fwd, reps_for(fwd, 0.05), 5, 2)
     local tb = time_it(bwd, reps_for(bwd, 0.05), 5, 2)
+    local ta = time_it(add, reps_for(add, 0.05), 5, 2)
     local bytes = rows * dim * esize(dt)
     local shape = ("%dx%d"):format(rows, dim)
     mem_row({ kernel = "rmsnorm fwd" .. note, dtype = dt, shape = shape, ms = tf * 1e3, gbps = 2 * bytes / tf / 1e9 }) -- x, y
     mem_row({ kernel = "rmsnorm bwd" .. note, dtype = dt, shape = shape, ms = tb * 1e3, gbps = 3 * bytes / tb / 1e9 }) -- x, dy, dx
+    mem_row({ kernel = "add_rmsnorm fwd" .. note, dtype = dt, shape = shape, ms = ta * 1e3, gbps = 4 * bytes / ta / 1e9 }) -- x, r, h, y
   end)
   if var then ffi.C.unsetenv(var) end
 end
