@@ -301,7 +301,7 @@ prepare() {
 step_timeout() {
   case "$1" in
     probe) echo 30 ;; unpack) echo 90 ;; configure) echo 150 ;; build) echo 330 ;;
-    cuda_tests) echo 200 ;; bench_titan) echo 170 ;; bench_torch) echo 150 ;; cpu_tests) echo 400 ;;
+    cuda_tests) echo 200 ;; bench_titan) echo 220 ;; bench_torch) echo 150 ;; cpu_tests) echo 400 ;;
   esac
 }
 step_log() {
