@@ -807,14 +807,15 @@ static tt_status tt_rmsnorm_dxdw_go(int device, cudaStream_t s, int64_t rows, in
   if constexpr (K == 0) {
     return tt_error_set(TT_ERR_INTERNAL, "cuda rmsnorm_backward: dw in the dx pass needs the row in registers");
   } else {
-    /* PIPE: the pipelined kernel, 1 with double statistics, 2 with f32 ones. */
-    void (*kernel)(int64_t, int64_t, const S *, const S *, const C *, const S *, S *, bool, int64_t, int64_t,
-                   double *) = tt_rmsnorm_dx_kernel<DT, G, K, true>;
-    if constexpr (PIPE == 1) kernel = tt_rmsnorm_dxdw_pipe_kernel<DT, G, K, double>;
-    if constexpr (PIPE == 2) kernel = tt_rmsnorm_dxdw_pipe_kernel<DT, G, K, float>;
+    /* PIPE: the pipelined kernel, 1 with double statistics, 2 with f32 ones
+     * (launched by name below: cuemu names a launch after its expression). */
+    const void *kernel;
+    if constexpr (PIPE == 1) kernel = (const void *)tt_rmsnorm_dxdw_pipe_kernel<DT, G, K, double>;
+    else if constexpr (PIPE == 2) kernel = (const void *)tt_rmsnorm_dxdw_pipe_kernel<DT, G, K, float>;
+    else kernel = (const void *)tt_rmsnorm_dx_kernel<DT, G, K, true>;
     static std::atomic<int> resident[TT_CUDA_MAX_DEVICES];
     const int64_t per = TT_CUDA_THREADS / G;
-    const int64_t groups = per * tt_cuda_resident_blocks((const void *)kernel, device, resident);
+    const int64_t groups = per * tt_cuda_resident_blocks(kernel, device, resident);
     const int64_t cap = (int64_t)(TT_CUDA_WORKSPACE / sizeof(double)) / dim;
     int64_t waves = (rows + groups * 128 - 1) / (groups * 128);
     if (waves > cap / groups) waves = cap / groups;
@@ -826,9 +827,19 @@ static tt_status tt_rmsnorm_dxdw_go(int device, cudaStream_t s, int64_t rows, in
     void *ws;
     tt_status st = tt_cuda_workspace(device, &ws, &hold);
     if (st != TT_OK) return st;
-    kernel<<<(unsigned int)((nslot + per - 1) / per), TT_CUDA_THREADS, 0, s>>>(
-        rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, L, nslot,
-        (double *)ws);
+    const unsigned int blocks = (unsigned int)((nslot + per - 1) / per);
+    if constexpr (PIPE == 1)
+      tt_rmsnorm_dxdw_pipe_kernel<DT, G, K, double><<<blocks, TT_CUDA_THREADS, 0, s>>>(
+          rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, L, nslot,
+          (double *)ws);
+    else if constexpr (PIPE == 2)
+      tt_rmsnorm_dxdw_pipe_kernel<DT, G, K, float><<<blocks, TT_CUDA_THREADS, 0, s>>>(
+          rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, L, nslot,
+          (double *)ws);
+    else
+      tt_rmsnorm_dx_kernel<DT, G, K, true><<<blocks, TT_CUDA_THREADS, 0, s>>>(
+          rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, L, nslot,
+          (double *)ws);
     TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dx_kernel (with dw)");
     tt_rmsnorm_dw_final<DT><<<tt_cuda_blocks(dim), TT_CUDA_THREADS, 0, s>>>(dim, nslot, (const double *)ws, (S *)dw);
     TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dw_final");

@@ -23,6 +23,7 @@ void tt_emu_chunks_reset(void);
 ]], "tt_emu_chunks_get")
 local H = require("helpers")
 local F = require("titan.functional")
+pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
 
 -- kernel name -> { launches, vector, split } since the last reset
 local function chunks()
@@ -80,14 +81,22 @@ describe("the fused kernels' 16-byte accesses (cuemu's chunk counts)", function(
     { "bf16 params + f32 master", { "--training.mixed_precision_param=bfloat16" } },
     -- two micro-batches: the second one's weight gradients add into .grad inside the GEMMs too
     { "2 micro-batches", { "--training.global_batch_tokens=128" } },
+    -- RMSNorm's pipelined plan (TITAN_CUDA_NORM_PIPE, docs/cuda.md) in place of its default kernels
+    { "bf16, RMSNorm's pipelined plan", { "--training.mixed_precision_param=bfloat16" }, pipe = true },
   }) do
     it("a training step, " .. case[1] .. ": every full chunk in one vector access", function()
-      local t = step_chunks(case[2])
+      if case.pipe then ffi.C.setenv("TITAN_CUDA_NORM_PIPE", "1", 1) end
+      local fine, t = pcall(step_chunks, case[2])
+      ffi.C.unsetenv("TITAN_CUDA_NORM_PIPE")
+      if not fine then error(t, 0) end
       show("one step, " .. case[1], t)
       for k, c in pairs(t) do
         assert.are.equal(0, c.split, k .. ": full chunks split into element accesses")
       end
       for _, k in ipairs(FUSED) do
+        if case.pipe then
+          k = ({ tt_rmsnorm_kernel = "tt_rmsnorm_pipe_kernel", tt_rmsnorm_dx_kernel = "tt_rmsnorm_dxdw_pipe_kernel" })[k] or k
+        end
         local c = find(t, k .. "<") or t[k]
         assert.truthy(c, k .. " ran in the step")
         assert.truthy(c.vector > 0, k .. " took the vector path")
