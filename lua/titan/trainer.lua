@@ -590,6 +590,12 @@ function Trainer:banner()
       L.schedule, self.n_microbatches, self.cfg.parallelism.pipeline_parallel_microbatch_size,
       table.concat(parts, " | "), self.pp))
   end
+  if t.gemm_autotune then
+    self.print("gemm autotune: " .. (t.device == "cpu" and "ignored on the CPU (one algorithm per GEMM)"
+      or self.cfg.debug.deterministic and "off under debug.deterministic (the timing could change the bits)"
+      or "the first overwriting GEMM of each shape times cuBLASLt's best candidates and keeps the fastest "
+      .. "(a wait per new shape, in the first steps)"))
+  end
   if self.ac_blocks > 0 then
     -- (tflops and MFU count the model's FLOPs, not the recomputation's: as TorchTitan's)
     local ac = self.cfg.activation_checkpoint

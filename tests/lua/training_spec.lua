@@ -421,8 +421,14 @@ describe("optimizer groups and sampling", function()
         local cfg = config.resolve(recipe, { "--job.dump_folder=" .. os.tmpname() .. ".d", "--metrics.peak_flops=1e11",
           "--training.seq_len=32", "--training.local_batch_size=2", "--validation.enable=false",
           "--metrics.enable_jsonl=false", "--training." .. key .. "=" .. tostring(flag) })
-        local tr = trainer.new(cfg, { print = function() end })
+        local printed = {}
+        local tr = trainer.new(cfg, { print = function(line) printed[#printed + 1] = line end })
         assert.are.equal(flag, titan[key]())
+        if key == "gemm_autotune" then
+          tr:banner()
+          local said = table.concat(printed, "\n"):find("gemm autotune: ignored on the CPU", 1, true)
+          assert.are.equal(flag, said ~= nil, table.concat(printed, "\n"))
+        end
         local l = tr:train(2)
         tr:close()
         tr.model:free()
