@@ -318,7 +318,10 @@ template <> __device__ __forceinline__ float tt_norm_rstd<float>(float ss, int64
  * (reading the warps' partial sums in tt_group_reduce's order: the same
  * bits) and hands it to the others through out (a slot per group). So the
  * double division and square root after the sum run once a row, not once a
- * thread, at the cost of a third barrier. */
+ * thread. Two barriers, as tt_group_reduce: smem is read only before the
+ * second, out only after it, so the next call's writes (after every thread
+ * has left this call) need no barrier of their own; smem must not be shared
+ * with another reduction of the kernel. */
 template <int G, typename T, typename R, typename F>
 __device__ __forceinline__ R tt_group_sum_then(T v, T *smem, R *out, F f) {
   v = tt_group_reduce<32>(v, tt_sum_op(), smem);
@@ -327,7 +330,6 @@ __device__ __forceinline__ R tt_group_sum_then(T v, T *smem, R *out, F f) {
   } else {
     constexpr int W = G / 32;
     const int w = threadIdx.x >> 5, w0 = w & ~(W - 1);
-    __syncthreads(); /* smem and out may still be read by the previous call */
     if ((threadIdx.x & 31) == 0) smem[w] = v;
     __syncthreads();
     if (w == w0) {
