@@ -343,9 +343,12 @@ local function rmsnorm_bench(rows, dim, dt, how)
     local ta = time_it(add, reps_for(add, 0.05), 5, 2)
     local bytes = rows * dim * esize(dt)
     local shape = ("%dx%d"):format(rows, dim)
-    mem_row({ kernel = "rmsnorm fwd" .. note, dtype = dt, shape = shape, ms = tf * 1e3, gbps = 2 * bytes / tf / 1e9 }) -- x, y
-    mem_row({ kernel = "rmsnorm bwd" .. note, dtype = dt, shape = shape, ms = tb * 1e3, gbps = 3 * bytes / tb / 1e9 }) -- x, dy, dx
-    mem_row({ kernel = "add_rmsnorm fwd" .. note, dtype = dt, shape = shape, ms = ta * 1e3, gbps = 4 * bytes / ta / 1e9 }) -- x, r, h, y
+    local function row(kernel, t, moved) -- moved: row-sized tensors read and written
+      mem_row({ kernel = kernel .. note, dtype = dt, shape = shape, ms = t * 1e3, gbps = moved * bytes / t / 1e9 })
+    end
+    row("rmsnorm fwd", tf, 2) -- x, y
+    row("rmsnorm bwd", tb, 3) -- x, dy, dx
+    row("add_rmsnorm fwd", ta, 4) -- x, r, h, y
   end)
   if var then ffi.C.unsetenv(var) end
 end

@@ -185,7 +185,8 @@ static tt_status tt_gemm_plan_build(tt_gemm_dev *g, tt_gemm_plan *p, const tt_ge
   p->algo = h[0].algo;
   if (q->tune && found > 1)
     for (int i = 0; i < found; i++)
-      if (h[i].state == CUBLAS_STATUS_SUCCESS && h[i].workspaceSize <= TT_GEMM_WORKSPACE) p->cand[p->ncand++] = h[i].algo;
+      if (h[i].state == CUBLAS_STATUS_SUCCESS && h[i].workspaceSize <= TT_GEMM_WORKSPACE)
+        p->cand[p->ncand++] = h[i].algo;
   if (p->ncand < 2) p->ncand = 0; /* nothing to choose between */
   p->key = *key;
   p->used = 1;

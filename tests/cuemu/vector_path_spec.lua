@@ -93,10 +93,10 @@ describe("the fused kernels' 16-byte accesses (cuemu's chunk counts)", function(
       for k, c in pairs(t) do
         assert.are.equal(0, c.split, k .. ": full chunks split into element accesses")
       end
+      local PIPE_NAMES = { tt_rmsnorm_kernel = "tt_rmsnorm_pipe_kernel",
+        tt_rmsnorm_dx_kernel = "tt_rmsnorm_dxdw_pipe_kernel" }
       for _, k in ipairs(FUSED) do
-        if case.pipe then
-          k = ({ tt_rmsnorm_kernel = "tt_rmsnorm_pipe_kernel", tt_rmsnorm_dx_kernel = "tt_rmsnorm_dxdw_pipe_kernel" })[k] or k
-        end
+        if case.pipe then k = PIPE_NAMES[k] or k end
         local c = find(t, k .. "<") or t[k]
         assert.truthy(c, k .. " ran in the step")
         assert.truthy(c.vector > 0, k .. " took the vector path")
