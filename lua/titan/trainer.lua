@@ -781,13 +781,13 @@ end
 function Trainer:update(params)
   -- device_update: nil = on for GPU devices; true forces it (specs run it
   -- on the CPU, whose backend has the same ops); false = the host path.
-  -- The device path's norm is of this rank's gradients: where ranks hold
-  -- shares of them (FSDP, TP, PP), the squares must first be summed over the
-  -- ranks, which the host path does.
+  -- Where ranks hold shares of the gradients (FSDP, TP, PP) the squares are
+  -- summed over the ranks first, on the device (sharded_norm_dev) as on the
+  -- host (clip_grad_norm's sums below).
   local fsdp, tpp, ppg = self.fsdp, self.tp_plan, self.pp_group
   local whole = not (fsdp or tpp or ppg)
-  if whole and (self.device_update or (self.device_update == nil and self.device ~= "cpu")) then
-    local norm = self:update_on_device(params)
+  if self.device_update or (self.device_update == nil and self.device ~= "cpu") then
+    local norm = self:update_on_device(params, not whole)
     if norm then return norm end
   end
   local opts
@@ -811,12 +811,44 @@ function Trainer:update(params)
   return grad_norm
 end
 
+-- The gradient norm where ranks hold shares of the gradients, on the device
+-- with no host wait, summed as clip_grad_norm sums it on the host: the
+-- squares of the split weights' pieces over the tp group, the whole weights
+-- once, then each rank's total over its FSDP shard group (the replicas hold
+-- the same shares) and over the pipeline's stages. Into out (f64 {2}) as
+-- global_norm_dev_ writes it: {norm, clip coefficient}.
+function Trainer:sharded_norm_dev(params, max_norm, out)
+  local fsdp, tpp, ppg = self.fsdp, self.tp_plan, self.pp_group
+  local sharded = tpp and (fsdp and fsdp:shards_of(tpp.sharded) or tpp.sharded)
+  local split, whole = {}, {}
+  for _, p in ipairs(params) do
+    if p.grad then
+      if sharded and not sharded[p] then whole[#whole + 1] = p.grad else split[#split + 1] = p.grad end
+    end
+  end
+  memory.scope(function()
+    local function squares(ts) -- f64 {1}: the sum of the squares of ts
+      local nc = titan.zeros({ 2 }, { dtype = "float64", device = self.device })
+      if #ts > 0 then ops.global_norm_dev_(ts, 0, nc) end
+      local n = nc:narrow(1, 1, 1):contiguous()
+      return n * n
+    end
+    local total = squares(split)
+    if tpp then tpp.group:all_reduce(total, "sum") end
+    total = total + squares(whole)
+    if fsdp then fsdp.group:all_reduce(total, "sum") end
+    if ppg then ppg:all_reduce(total, "sum") end
+    ops.global_norm_dev_({ total:sqrt() }, max_norm, out)
+  end)
+end
+
 -- The same update on a GPU with no host wait: the norm and clip
 -- coefficient stay on the device, and AdamW reads them and its step's
 -- scalars there (as the update graph does; the same bits as the host
--- path). Returns a function that reads the norm back, or nil (and the
--- host path runs from then on) when the optimizer cannot.
-function Trainer:update_on_device(params)
+-- path where each rank holds whole gradients). sharded: ranks hold shares
+-- of them (sharded_norm_dev). Returns a function that reads the norm back,
+-- or nil (and the host path runs from then on) when the optimizer cannot.
+function Trainer:update_on_device(params, sharded)
   local opt = self.optimizer
   local grads = {}
   for _, p in ipairs(params) do
@@ -831,7 +863,8 @@ function Trainer:update_on_device(params)
   if self.norm_clip then self.norm_clip:free() end -- the previous step's, read by now if it was logged
   local norm_clip = memory.keep(titan.zeros({ 2 }, { dtype = "float64", device = self.device }))
   self.norm_clip = norm_clip
-  ops.global_norm_dev_(grads, clip and max_norm or 0, norm_clip)
+  if sharded then self:sharded_norm_dev(params, clip and max_norm or 0, norm_clip)
+  else ops.global_norm_dev_(grads, clip and max_norm or 0, norm_clip) end
   local ok, why = opt:step_on_device(clip and norm_clip or nil)
   if not ok then
     -- nothing was updated: the host path takes this step and the rest
