@@ -548,12 +548,13 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
         local nodes = graph and graph.num_nodes + (upd and upd.num_nodes or 0)
         local tps = B * T / t
         local res = { model = label, dtype = dt, B = B, T = T, step_ms = t * 1e3, tokens_per_s = tps,
-          graphs = graphs and true or false, graph_nodes = nodes,
+          graphs = graphs and true or false, graph_nodes = nodes, gemm_autotune = titan.gemm_autotune(),
           mfu = tps * flops_per_token / PEAK, flops_per_token = flops_per_token, params = nparams,
           peak_gib = peak / 2 ^ 30, build_s = build_s, last_loss = last_loss, steps = steps,
           init = args.real_init and "seeded" or "tiled" }
         print(("  [train] %s %s B%d T%d%s: %.1f ms/step, %.0f tokens/s, MFU %.1f%%, peak %.1f GiB (built in %.1f s, loss %.3f)")
-          :format(label, dt, B, T, graphs and (" cuda graph (%d nodes)"):format(nodes or 0) or "", res.step_ms, tps,
+          :format(label, dt, B, T, (graphs and (" cuda graph (%d nodes)"):format(nodes or 0) or "") ..
+            (res.gemm_autotune and ", gemm autotune" or ""), res.step_ms, tps,
             100 * res.mfu, res.peak_gib, build_s, last_loss))
         if profile and not graphs then
           local prof = profiler.new({ sync = sync,
@@ -580,7 +581,8 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
     end)
     if r then
       results.train[#results.train + 1] = r
-      train_rows[#train_rows + 1] = { r.model, r.dtype, ("%dx%d"):format(r.B, r.T), r.graphs and "graph" or "eager", f1(r.step_ms),
+      local launch = (r.graphs and "graph" or "eager") .. (r.gemm_autotune and ", gemm autotune" or "")
+      train_rows[#train_rows + 1] = { r.model, r.dtype, ("%dx%d"):format(r.B, r.T), launch, f1(r.step_ms),
         ("%.0f"):format(r.tokens_per_s), ("%.1f%%"):format(100 * r.mfu), f1(r.peak_gib) }
       return r -- the first dtype that works
     end
@@ -634,7 +636,7 @@ else
   -- The 1B step again with GEMM autotuning (docs/cuda.md), next to the row above: its warm-up steps time the
   -- candidates of each shape.
   titan.set_gemm_autotune(true)
-  train_bench("llama3 1B (gemm autotune)", "1B", 1, 8192, { "bfloat16" }, 5, 2, 45)
+  train_bench("llama3 1B", "1B", 1, 8192, { "bfloat16" }, 5, 2, 45)
   titan.set_gemm_autotune(false)
   -- After the headline figures: the optimizer step's launches.
   adamw_model_bench("debugmodel")
