@@ -344,6 +344,19 @@ __device__ __forceinline__ R tt_group_sum_then(T v, T *smem, R *out, F f) {
   }
 }
 
+/* A lane's chunk counts of a whole row (full) and its chunks of the weight
+ * row (wr), loaded once for every row the block takes. */
+template <int DT, int G, int K>
+__device__ __forceinline__ void tt_norm_pipe_w(const typename tt_ft<DT>::S *w, int64_t dim, int lane, bool vec,
+                                               int *full, tt_pack<typename tt_ft<DT>::S> *wr) {
+  constexpr int V = 16 / sizeof(typename tt_ft<DT>::S);
+#pragma unroll
+  for (int q = 0; q < K; q++) {
+    full[q] = (int)tt_norm_cnt<V>(lane, q, G, dim);
+    wr[q] = tt_ld_raw<DT>(w, tt_norm_e<V>(lane, q, G), full[q], vec);
+  }
+}
+
 /* Blocks an SM holds: 3 where ptxas fits that without spilling (-Xptxas -v,
  * sm_90a: 51-78 registers), 2 for the residual form of 2-chunk rows (which
  * spills 16-56 bytes at 3: four copies of the row chunk are live). */
@@ -369,11 +382,7 @@ __global__ void __launch_bounds__(TT_CUDA_THREADS, tt_norm_pipe_min_blocks<K, RE
                    (!RES || (tt_al16(res) && tt_al16(h)));
   int full[K];
   tt_pack<S> wr[K];
-#pragma unroll
-  for (int q = 0; q < K; q++) {
-    full[q] = (int)tt_norm_cnt<V>(lane, q, G, dim);
-    wr[q] = tt_ld_raw<DT>(w, tt_norm_e<V>(lane, q, G), full[q], vec);
-  }
+  tt_norm_pipe_w<DT, G, K>(w, dim, lane, vec, full, wr);
   /* Turn rb's row of this group from p; nothing is read for a group past
    * the last row (its chunks count 0). */
   auto fetch = [&](int64_t rb, const S *p, tt_pack<S> *out) {
@@ -613,13 +622,11 @@ __global__ void __launch_bounds__(TT_CUDA_THREADS, K == 1 ? 3 : 2)
   const int tdw = threadIdx.x;
   int full[K];
   tt_pack<S> wr[K];
+  tt_norm_pipe_w<DT, G, K>(w, dim, lane, vec, full, wr);
 #pragma unroll
-  for (int q = 0; q < K; q++) {
-    full[q] = (int)tt_norm_cnt<V>(lane, q, G, dim);
-    wr[q] = tt_ld_raw<DT>(w, tt_norm_e<V>(lane, q, G), full[q], vec);
+  for (int q = 0; q < K; q++)
 #pragma unroll
     for (int k = 0; k < V; k++) dwacc[q][k][tdw] = (C)0;
-  }
   /* Row t of the slot into xp, gp and *rp; nothing is read past the slot. */
   auto fetch = [&](int64_t t, tt_pack<S> *xp, tt_pack<S> *gp, C *rp) {
     int64_t r, n;

@@ -222,15 +222,23 @@ end
 -- opts.sharded: the set of parameters held in shares (TP); the others are
 -- whole on every rank and counted once. opts.sum_total(x): then the sum of
 -- the total over other ranks (FSDP's shards of TP's slices: 2D).
-function M.clip_grad_norm(params, max_norm, opts)
-  opts = opts or {}
+-- The gradients of params: all of them, those of the split weights and
+-- those of the whole ones (sharded: the set of split parameters; nil: all
+-- are split).
+function M.grads_by_share(params, sharded)
   local grads, split, whole = {}, {}, {}
   for _, p in ipairs(params) do
     if p.grad then
       grads[#grads + 1] = p.grad
-      if opts.sharded and not opts.sharded[p] then whole[#whole + 1] = p.grad else split[#split + 1] = p.grad end
+      if sharded and not sharded[p] then whole[#whole + 1] = p.grad else split[#split + 1] = p.grad end
     end
   end
+  return grads, split, whole
+end
+
+function M.clip_grad_norm(params, max_norm, opts)
+  opts = opts or {}
+  local grads, split, whole = M.grads_by_share(params, opts.sharded)
   local function sq(ts)
     local n = #ts > 0 and ops.global_norm(ts) or 0
     return n * n

@@ -796,7 +796,7 @@ function Trainer:update(params)
     -- and the whole weights counted once; then every rank's total over its
     -- FSDP shard group (the replicas hold the same shares) and over the
     -- pipeline's stages (each holds its own parameters).
-    opts = { sharded = tpp and (fsdp and fsdp:shards_of(tpp.sharded) or tpp.sharded),
+    opts = { sharded = self:tp_split_params(),
       sum_squares = function(sq) return tpp and tpp.group:sum_numbers({ sq })[1] or sq end,
       sum_total = function(x)
         if fsdp then x = fsdp:sum_over_shards(x) end
@@ -811,6 +811,13 @@ function Trainer:update(params)
   return grad_norm
 end
 
+-- The parameters tensor parallelism splits (under FSDP, their shards), or
+-- nil without it: their gradients' squares are summed over the tp group.
+function Trainer:tp_split_params()
+  local tpp = self.tp_plan
+  return tpp and (self.fsdp and self.fsdp:shards_of(tpp.sharded) or tpp.sharded)
+end
+
 -- The gradient norm where ranks hold shares of the gradients, on the device
 -- with no host wait, summed as clip_grad_norm sums it on the host: the
 -- squares of the split weights' pieces over the tp group, the whole weights
@@ -819,13 +826,7 @@ end
 -- global_norm_dev_ writes it: {norm, clip coefficient}.
 function Trainer:sharded_norm_dev(params, max_norm, out)
   local fsdp, tpp, ppg = self.fsdp, self.tp_plan, self.pp_group
-  local sharded = tpp and (fsdp and fsdp:shards_of(tpp.sharded) or tpp.sharded)
-  local split, whole = {}, {}
-  for _, p in ipairs(params) do
-    if p.grad then
-      if sharded and not sharded[p] then whole[#whole + 1] = p.grad else split[#split + 1] = p.grad end
-    end
-  end
+  local _, split, whole = optim.grads_by_share(params, self:tp_split_params())
   memory.scope(function()
     local function squares(ts) -- f64 {1}: the sum of the squares of ts
       local nc = titan.zeros({ 2 }, { dtype = "float64", device = self.device })
