@@ -314,16 +314,16 @@ local function copy_bench(n, dt)
 end
 
 -- RMSNorm's plan (kernels/cuda/norm.cu): `how` nil for the kernel's own,
--- { lanes = N } for TITAN_CUDA_NORM_GROUP=N (the lanes each row gets) or
--- { pipe = "1" | "f32" } for TITAN_CUDA_NORM_PIPE (the pipelined plan), for
--- this measurement only (the settings are read at each launch), to time the
--- choices side by side.
+-- { lanes = N } for TITAN_CUDA_NORM_GROUP=N (the lanes each row gets, on the
+-- exact kernels) or { plan = "exact" } for TITAN_CUDA_NORM_PLAN (bf16 on the
+-- double-statistics kernels instead of the lean ones), for this measurement
+-- only (the settings are read at each launch), to time the choices side by
+-- side.
 pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
 local function rmsnorm_bench(rows, dim, dt, how)
-  local var = how and (how.lanes and "TITAN_CUDA_NORM_GROUP" or "TITAN_CUDA_NORM_PIPE")
-  local val = how and tostring(how.lanes or how.pipe)
-  local note = not how and "" or how.lanes and (" (" .. val .. " lanes)") or (" (pipelined, " ..
-    (val == "f32" and "f32" or "f64") .. " stats)")
+  local var = how and (how.lanes and "TITAN_CUDA_NORM_GROUP" or "TITAN_CUDA_NORM_PLAN")
+  local val = how and tostring(how.lanes or how.plan)
+  local note = not how and "" or how.lanes and (" (" .. val .. " lanes)") or (" (" .. val .. ")")
   if var then ffi.C.setenv(var, val, 1) end
   guarded("memory", "rmsnorm " .. dt .. note, ON_GPU and 11 or 0, function()
     local x = rand_dev({ rows, dim }, dt, 1)
@@ -549,12 +549,14 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
         local tps = B * T / t
         local res = { model = label, dtype = dt, B = B, T = T, step_ms = t * 1e3, tokens_per_s = tps,
           graphs = graphs and true or false, graph_nodes = nodes, gemm_autotune = titan.gemm_autotune(),
+          norm_plan = os.getenv("TITAN_CUDA_NORM_PLAN"),
           mfu = tps * flops_per_token / PEAK, flops_per_token = flops_per_token, params = nparams,
           peak_gib = peak / 2 ^ 30, build_s = build_s, last_loss = last_loss, steps = steps,
           init = args.real_init and "seeded" or "tiled" }
         print(("  [train] %s %s B%d T%d%s: %.1f ms/step, %.0f tokens/s, MFU %.1f%%, peak %.1f GiB (built in %.1f s, loss %.3f)")
           :format(label, dt, B, T, (graphs and (" cuda graph (%d nodes)"):format(nodes or 0) or "") ..
-            (res.gemm_autotune and ", gemm autotune" or ""), res.step_ms, tps,
+            (res.gemm_autotune and ", gemm autotune" or "") .. (res.norm_plan and ", norm " .. res.norm_plan or ""),
+            res.step_ms, tps,
             100 * res.mfu, res.peak_gib, build_s, last_loss))
         if profile and not graphs then
           local prof = profiler.new({ sync = sync,
@@ -581,7 +583,8 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
     end)
     if r then
       results.train[#results.train + 1] = r
-      local launch = (r.graphs and "graph" or "eager") .. (r.gemm_autotune and ", gemm autotune" or "")
+      local launch = (r.graphs and "graph" or "eager") .. (r.gemm_autotune and ", gemm autotune" or "") ..
+        (r.norm_plan and ", norm " .. r.norm_plan or "")
       train_rows[#train_rows + 1] = { r.model, r.dtype, ("%dx%d"):format(r.B, r.T), launch, f1(r.step_ms),
         ("%.0f"):format(r.tokens_per_s), ("%.1f%%"):format(100 * r.mfu), f1(r.peak_gib) }
       return r -- the first dtype that works
@@ -606,15 +609,14 @@ if S then
   copy_bench(65536, "float32")
   rmsnorm_bench(64, 128, BF)
   rmsnorm_bench(64, 128, BF, { lanes = 256 })
-  rmsnorm_bench(64, 128, BF, { pipe = "1" })
+  rmsnorm_bench(64, 128, BF, { plan = "exact" })
   adamw_bench(65536, "float32", "float32", false)
   adamw_model_bench("debugmodel")
 else
   copy_bench(268435456, "float32")
   rmsnorm_bench(32768, 4096, "bfloat16")
-  -- the pipelined plan next to it (docs/cuda.md): same bits with f64 statistics; f32 ones
-  rmsnorm_bench(32768, 4096, "bfloat16", { pipe = "1" })
-  rmsnorm_bench(32768, 4096, "bfloat16", { pipe = "f32" })
+  -- the exact kernels next to the lean ones (docs/cuda.md)
+  rmsnorm_bench(32768, 4096, "bfloat16", { plan = "exact" })
   rmsnorm_bench(16384, 4096, "float32")
   adamw_bench(268435456, "float32", "float32", false)
   adamw_bench(268435456, "bfloat16", "bfloat16", true)
@@ -638,22 +640,25 @@ else
   titan.set_gemm_autotune(true)
   train_bench("llama3 1B", "1B", 1, 8192, { "bfloat16" }, 5, 2, 45)
   titan.set_gemm_autotune(false)
+  -- and with RMSNorm's exact kernels in place of the lean ones (TITAN_CUDA_NORM_PLAN, read at each launch)
+  ffi.C.setenv("TITAN_CUDA_NORM_PLAN", "exact", 1)
+  train_bench("llama3 1B", "1B", 1, 8192, { "bfloat16" }, 5, 2, 45)
+  ffi.C.unsetenv("TITAN_CUDA_NORM_PLAN")
   -- After the headline figures: the optimizer step's launches.
   adamw_model_bench("debugmodel")
   adamw_model_bench("1B")
 end
 if not S then
-  -- RMSNorm's lanes per row side by side (kernels/cuda/norm.cu): at the 8B
-  -- width (4096: a block of 256 lanes) against 128 lanes, and at the 1B
-  -- width (2048: 64 lanes forward, 256 backward) against 256 and 64, and
-  -- the pipelined plan (256 lanes, each block looping over rows).
+  -- RMSNorm's lanes per row side by side on the exact kernels (kernels/cuda/norm.cu; a lanes setting
+  -- leaves the lean ones out): at the 8B width (4096) 128 lanes, and at the 1B width (2048) the lean
+  -- kernels, then the exact ones on 256 lanes, on 64, and on their own plan (64 lanes forward, 256
+  -- backward).
   rmsnorm_bench(32768, 4096, "bfloat16", { lanes = 128 })
   rmsnorm_bench(16384, 4096, "float32", { lanes = 128 })
   rmsnorm_bench(65536, 2048, "bfloat16")
   rmsnorm_bench(65536, 2048, "bfloat16", { lanes = 256 })
   rmsnorm_bench(65536, 2048, "bfloat16", { lanes = 64 })
-  rmsnorm_bench(65536, 2048, "bfloat16", { pipe = "1" })
-  rmsnorm_bench(65536, 2048, "bfloat16", { pipe = "f32" })
+  rmsnorm_bench(65536, 2048, "bfloat16", { plan = "exact" })
   -- Llama 3 8B's linear layers at 8192 tokens: y = x @ W^T (fwd), and the
   -- two backward products of one of them (dgrad: dY @ W, wgrad: dY^T @ X).
   gemm("8B wq/wo 4096->4096", 8192, 4096, 4096, "bfloat16")

@@ -11,15 +11,16 @@
  * each thread issues the loads of all its chunks before it adds anything
  * (many 16-byte loads in flight, which is what keeps HBM busy) and keeps
  * them in registers for the second pass; a longer row is read twice, the
- * second time from L1/L2. TITAN_CUDA_NORM_PIPE asks for a pipelined plan
- * for bf16 rows (blocks looping over rows, the next one loaded ahead): an
- * experiment for the GPU benchmark, below.
- * Either way the sums run in the same order, so the bits are the same. As
- * on the CPU the sum of squares and the backward's row dot product
- * accumulate in double, and every other step is the CPU's
- * (kernels/cpu/norm.c) in the compute type with unfused products: f32 and
- * f64 outputs match the reference up to the order of the double sums. rstd
- * is f32 for f32/bf16/f16 input and f64 for f64.
+ * second time from L1/L2. As on the CPU the sum of squares and the
+ * backward's row dot product accumulate in double, and every other step is
+ * the CPU's (kernels/cpu/norm.c) in the compute type with unfused products:
+ * f32 and f64 outputs match the reference up to the order of the double
+ * sums. rstd is f32 for f32/bf16/f16 input and f64 for f64.
+ *
+ * bf16 rows of whole 16-byte chunks (dim % 8 == 0, up to 8192) take the
+ * lean kernels instead (below: the same cut, f32 sums within a lane, hardware
+ * rounding), which an H200 runs 1.6-1.8x as fast (bench/RESULTS.md);
+ * TITAN_CUDA_NORM_PLAN=exact gives them the kernels above.
  *
  * dw: each column summed over all rows, deterministically without atomics:
  * the rows are cut into fixed chunks, each chunk's sum lands in the device
@@ -33,6 +34,8 @@
  */
 #include <stdlib.h>
 #include <string.h>
+
+#include <cuda_bf16.h>
 
 #include "kernel_util.cuh"
 
@@ -84,7 +87,7 @@ template <int DT, typename F> static auto tt_norm_with_k(int k, F &&f) {
  * have), and never for f64. */
 struct tt_norm_plan {
   int G, K;
-  int pipe; /* the pipelined plan: 0 no, 1 with double statistics, 2 with f32 ones */
+  bool lean; /* the lean kernels (bf16 rows of whole 16-byte chunks on a warp or a block) */
 };
 
 /* TITAN_CUDA_NORM_GROUP=32|64|128|256 forces the lanes per row (the GPU
@@ -99,27 +102,34 @@ static int tt_norm_group_setting(void) {
   return *end == 0 && (v == 32 || v == 64 || v == 128 || v == 256) ? (int)v : -1;
 }
 
-/* The dtype the pipelined plan has: bf16 (f16 would spill a few bytes). */
-template <int DT> __host__ __device__ constexpr bool tt_norm_pipe_dtype() { return DT == TT_BF16; }
-
-/* TITAN_CUDA_NORM_PIPE=1|f32 asks for the pipelined plan (below) where it
- * applies: bf16 rows kept in registers. Read at each launch, as the
- * group. 0: not set; -1: not one of those. */
-static int tt_norm_pipe_setting(void) {
-  const char *e = getenv("TITAN_CUDA_NORM_PIPE");
-  if (!e || !*e || !strcmp(e, "0")) return 0;
-  return !strcmp(e, "1") ? 1 : !strcmp(e, "f32") ? 2 : -1;
+/* TITAN_CUDA_NORM_PLAN=exact turns the lean kernels off: bf16 rows then
+ * take the kernels with double statistics (the CPU's bits up to the order of
+ * the double sums), which the GPU benchmark times next to the lean ones.
+ * Read at each launch, as the group. 0: lean (unset, empty or "lean"); 1:
+ * exact; -1: anything else. */
+static int tt_norm_plan_setting(void) {
+  const char *e = getenv("TITAN_CUDA_NORM_PLAN");
+  if (!e || !*e || !strcmp(e, "lean")) return 0;
+  return !strcmp(e, "exact") ? 1 : -1;
 }
 
 template <int DT>
 static tt_status tt_norm_plan_for(int64_t dim, bool backward, const char *op, tt_norm_plan *p) {
-  const int set = tt_norm_group_setting(), pipe = tt_norm_pipe_setting();
+  const int set = tt_norm_group_setting(), exact = tt_norm_plan_setting();
   if (set < 0)
     return tt_error_set(TT_ERR_INVALID, "cuda %s: TITAN_CUDA_NORM_GROUP=%s: expected 32, 64, 128 or 256 lanes per row",
                         op, getenv("TITAN_CUDA_NORM_GROUP"));
-  if (pipe < 0)
-    return tt_error_set(TT_ERR_INVALID, "cuda %s: TITAN_CUDA_NORM_PIPE=%s: expected 0, 1 or f32", op,
-                        getenv("TITAN_CUDA_NORM_PIPE"));
+  if (exact < 0)
+    return tt_error_set(TT_ERR_INVALID, "cuda %s: TITAN_CUDA_NORM_PLAN=%s: expected lean or exact", op,
+                        getenv("TITAN_CUDA_NORM_PLAN"));
+  if (DT == TT_BF16 && !exact && !set && dim % 8 == 0) {
+    /* the lean kernels: a warp up to 1024 elements, a block up to 8192 */
+    p->G = dim <= 1024 ? 32 : TT_CUDA_THREADS;
+    p->K = tt_norm_chunks<DT>(dim, p->G);
+    p->lean = p->K > 0;
+    if (p->lean) return TT_OK;
+  }
+  p->lean = false;
   int G = dim <= 1024 ? 32 : TT_CUDA_THREADS;
   if (!backward && dim > 1024 && tt_norm_chunks<DT>(dim, TT_CUDA_THREADS) == 1)
     for (int g = 64; g < TT_CUDA_THREADS; g *= 2)
@@ -135,16 +145,6 @@ static tt_status tt_norm_plan_for(int64_t dim, bool backward, const char *op, tt
   }
   p->G = G;
   p->K = K;
-  p->pipe = 0;
-  if (pipe && tt_norm_pipe_dtype<DT>()) {
-    /* The pipelined kernels take rows of 1 or 2 chunks a lane (more would
-     * spill: three copies of the row in registers), on a warp or a block. */
-    if (!set) {
-      p->G = dim <= 1024 ? 32 : TT_CUDA_THREADS;
-      p->K = tt_norm_chunks<DT>(dim, p->G);
-    }
-    if ((p->G == 32 || p->G == TT_CUDA_THREADS) && (p->K == 1 || p->K == 2)) p->pipe = pipe;
-  }
   return TT_OK;
 }
 
@@ -285,34 +285,6 @@ __global__ void __launch_bounds__(TT_CUDA_THREADS, 3)
   }
 }
 
-/* ---- the pipelined plan (TITAN_CUDA_NORM_PIPE; bf16 rows in registers) ----
- *
- * An experiment for the bf16 kernels, which run at 2.4 (forward) and 1.7
- * (backward) TB/s where f32 reaches 4.0 and 3.2 (docs/cuda.md, "RMSNorm:
- * the pipelined plan"). The default kernels give each row a block that
- * loads it, reduces, computes and stores, and exits: a block has loads in
- * flight only at its start. Here the grid is one wave of blocks, each
- * looping over rows, and each lane issues the loads of its group's next row
- * before it works on the current one (so HBM is read while the block
- * reduces and stores); the weight row is loaded once per block and kept in
- * registers; the row's 1/sqrt is computed once a row (tt_group_sum_then),
- * not once a thread; the sum of squares is one fused multiply-add an element (the
- * product of two bf16 values is exact in f32 and double, so the fma rounds
- * exactly as the separate multiply and add: the same bits).
- *
- * A, the statistics' type: double gives the default kernels' bits (tested
- * bit for bit on cuemu); float (TITAN_CUDA_NORM_PIPE=f32) sums the squares
- * and the backward's dot in f32 as PyTorch does, fewer registers and no
- * FP64 work, within the CPU reference's bf16 tolerance but not its bits. */
-
-template <typename A> __device__ __forceinline__ A tt_norm_rstd(A ss, int64_t dim, double eps);
-template <> __device__ __forceinline__ double tt_norm_rstd<double>(double ss, int64_t dim, double eps) {
-  return 1.0 / sqrt(ss / (double)dim + eps); /* as the default kernels */
-}
-template <> __device__ __forceinline__ float tt_norm_rstd<float>(float ss, int64_t dim, double eps) {
-  return tt_div(1.0f, tt_sqrt(tt_add(tt_div(ss, (float)dim), (float)eps)));
-}
-
 /* tt_group_reduce's sum of v over the group, then f(sum): on a warp every
  * lane computes it; on a wider group the group's first warp alone does
  * (reading the warps' partial sums in tt_group_reduce's order: the same
@@ -344,96 +316,218 @@ __device__ __forceinline__ R tt_group_sum_then(T v, T *smem, R *out, F f) {
   }
 }
 
-/* A lane's chunk counts of a whole row (full) and its chunks of the weight
- * row (wr), loaded once for every row the block takes. */
-template <int DT, int G, int K>
-__device__ __forceinline__ void tt_norm_pipe_w(const typename tt_ft<DT>::S *w, int64_t dim, int lane, bool vec,
-                                               int *full, tt_pack<typename tt_ft<DT>::S> *wr) {
-  constexpr int V = 16 / sizeof(typename tt_ft<DT>::S);
-#pragma unroll
-  for (int q = 0; q < K; q++) {
-    full[q] = (int)tt_norm_cnt<V>(lane, q, G, dim);
-    wr[q] = tt_ld_raw<DT>(w, tt_norm_e<V>(lane, q, G), full[q], vec);
-  }
+/* ---- the lean kernels: bf16 rows of whole 16-byte chunks --------------
+ *
+ * Why (bench/RESULTS.md, 2026-12-04, fifth session): bf16 and f32 rows of
+ * 4096 took about the same time per row in the kernels above (144 and 123
+ * rows a microsecond on an H200) while f32 moves twice the bytes, and
+ * neither more lanes per row nor blocks looping over rows with the next one
+ * in flight (a pipelined plan, timed and removed) moved the bf16 figure:
+ * the time went to the work per element, not to the loads. Per element
+ * those kernels do a conversion to double, a double multiply and add, 64-bit
+ * range checks on each element of a chunk, and the bf16 rounding in seven
+ * integer instructions (which retire at half the float rate). These do: one
+ * integer op to widen bf16 (once a pass), one fma for the square (two
+ * multiplies and an fma for the backward's dot), two multiplies, and half a
+ * hardware conversion (cvt.rn.bf16x2.f32: the same round-to-nearest-even;
+ * NaN takes tt_d_f32_to_bf16's encoding); range checks per 16-byte chunk;
+ * the row's 1/sqrt (rstd^3 dot / dim backward) once a row
+ * (tt_group_sum_then). Forward 2.35 -> 3.7-4.0 TB/s at 4096, 2.24 -> 3.15
+ * at 2048; add_rmsnorm 3.0 -> 4.1; backward 1.7 -> 3.13 and 2.70.
+ *
+ * Statistics: each lane sums its squares (its dy w x) in f32, the lanes'
+ * sums are added in double. The squares of bf16 values, dy w and (dy w) x
+ * are exact in f32 (8-bit significands: at most 24 bits), so only a lane's
+ * sum of at most 32 terms rounds: within the reference's bf16 tolerance
+ * and DESIGN.md's "norms' statistics in fp32", not the kernels above' bits.
+ * h (add_rmsnorm) is the add's bits either way. */
+
+/* Two floats rounded to bf16 in one instruction, NaN encoded as the host
+ * converter does (the hardware gives 0x7fff for every NaN). */
+__device__ __forceinline__ uint32_t tt_bf16x2_rn(float lo, float hi) {
+  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &p, sizeof u);
+  if (lo != lo || hi != hi) u = (uint32_t)tt_d_f32_to_bf16(lo) | (uint32_t)tt_d_f32_to_bf16(hi) << 16;
+  return u;
 }
+__device__ __forceinline__ float tt_bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float tt_bf16_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
 
-/* Blocks an SM holds: 3 where ptxas fits that without spilling (-Xptxas -v,
- * sm_90a: 51-78 registers), 2 for the residual form of 2-chunk rows (which
- * spills 16-56 bytes at 3: four copies of the row chunk are live). */
-template <int K, bool RES> constexpr int tt_norm_pipe_min_blocks() { return RES && K == 2 ? 2 : 3; }
+template <int G, int K> constexpr int tt_norm_lean_fwd_blocks() { return G == 32 && K == 4 ? 5 : 6; }
 
-template <int DT, int G, int K, bool RES, typename A>
-__global__ void __launch_bounds__(TT_CUDA_THREADS, tt_norm_pipe_min_blocks<K, RES>())
-    tt_rmsnorm_pipe_kernel(int64_t rows, int64_t dim, double eps, const typename tt_ft<DT>::S *__restrict__ x,
-                           const typename tt_ft<DT>::S *__restrict__ res, const typename tt_ft<DT>::S *__restrict__ w,
-                           typename tt_ft<DT>::S *__restrict__ h, typename tt_ft<DT>::S *__restrict__ y,
-                           typename tt_ft<DT>::C *__restrict__ rstd) {
-  typedef typename tt_ft<DT>::S S;
-  typedef typename tt_ft<DT>::C C;
-  static_assert(tt_norm_pipe_dtype<DT>() && K > 0 && K <= 2, "the pipelined plan: bf16 rows of 1-2 chunks a lane");
-  constexpr int V = 16 / sizeof(S);
+template <int G, int K, bool RES>
+__global__ void __launch_bounds__(TT_CUDA_THREADS, tt_norm_lean_fwd_blocks<G, K>())
+    tt_rmsnorm_lean_kernel(int64_t rows, int64_t dim, double eps, const uint4 *__restrict__ x,
+                           const uint4 *__restrict__ res, const uint4 *__restrict__ w, uint4 *__restrict__ h,
+                           uint4 *__restrict__ y, float *__restrict__ rstd) {
   constexpr int PER = TT_CUDA_THREADS / G;
-  __shared__ A sm[TT_WARPS];
-  __shared__ C rsm[PER]; /* each group's rstd (tt_group_sum_then) */
+  __shared__ double sm[TT_WARPS];
+  __shared__ float rsm[PER];
   const int lane = threadIdx.x % G;
-  /* Every row starts as aligned as the first when a row is a whole number
-   * of 16-byte chunks; otherwise all go element by element (same values). */
-  const bool vec = (dim * (int64_t)sizeof(S)) % 16 == 0 && tt_al16(x) && tt_al16(y) && tt_al16(w) &&
-                   (!RES || (tt_al16(res) && tt_al16(h)));
-  int full[K];
-  tt_pack<S> wr[K];
-  tt_norm_pipe_w<DT, G, K>(w, dim, lane, vec, full, wr);
-  /* Turn rb's row of this group from p; nothing is read for a group past
-   * the last row (its chunks count 0). */
-  auto fetch = [&](int64_t rb, const S *p, tt_pack<S> *out) {
-    int64_t r, n;
-    tt_norm_row(rb * PER + threadIdx.x / G, rows, rows, dim, &r, &n);
-#pragma unroll
-    for (int q = 0; q < K; q++) out[q] = tt_ld_raw<DT>(p + r * dim, tt_norm_e<V>(lane, q, G), n > 0 ? full[q] : 0, vec);
-  };
-  tt_pack<S> xa[K], ra[RES ? K : 1];
-  fetch(blockIdx.x, x, xa);
-  if (RES) fetch(blockIdx.x, res, ra);
+  const int nc = (int)(dim / 8); /* 16-byte chunks a row */
   for (int64_t rb = blockIdx.x; rb * PER < rows; rb += gridDim.x) {
     int64_t r, n;
     tt_norm_row(rb * PER + threadIdx.x / G, rows, rows, dim, &r, &n);
-    tt_pack<S> xb[K];
-    if (RES) {
-      /* h first, so that ra is free for the next row's residual */
-#pragma unroll
-      for (int q = 0; q < K; q++) {
-        C c[V], rv[V];
-        tt_unpack<DT>(xa[q], c);
-        tt_unpack<DT>(ra[q], rv);
-#pragma unroll
-        for (int k = 0; k < V; k++) xa[q].v[k] = tt_ft<DT>::st(tt_add(c[k], rv[k]));
-        if (n > 0 && full[q] > 0) tt_st_raw<DT>(h + r * dim, tt_norm_e<V>(lane, q, G), full[q], vec, xa[q]);
-      }
-      fetch(rb + gridDim.x, res, ra);
-    }
-    fetch(rb + gridDim.x, x, xb); /* the next turn's row, in flight while this one is worked on */
-    A ss = 0;
+    const int64_t base = r * nc;
+    uint4 v[K];
 #pragma unroll
     for (int q = 0; q < K; q++) {
-      C c[V];
-      tt_unpack<DT>(xa[q], c); /* zeros past the row: they add nothing */
-#pragma unroll
-      for (int k = 0; k < V; k++) ss = tt_fma((A)c[k], (A)c[k], ss);
+      const int c = lane + q * G;
+      TT_EMU_CHUNK(n > 0 && c < nc, true);
+      v[q] = n > 0 && c < nc ? x[base + c] : make_uint4(0, 0, 0, 0);
     }
-    const C rs = tt_group_sum_then<G>(ss, sm, rsm, [&](A t) { return (C)tt_norm_rstd<A>(t, dim, eps); });
+    if (RES) {
+#pragma unroll
+      for (int q = 0; q < K; q++) {
+        const int c = lane + q * G;
+        if (n <= 0 || c >= nc) continue;
+        TT_EMU_CHUNK(true, true);
+        const uint4 rv = res[base + c];
+        uint32_t *a = &v[q].x;
+        const uint32_t *b = &rv.x;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+          a[j] = tt_bf16x2_rn(tt_add(tt_bf16_lo(a[j]), tt_bf16_lo(b[j])), tt_add(tt_bf16_hi(a[j]), tt_bf16_hi(b[j])));
+        TT_EMU_CHUNK(true, true);
+        h[base + c] = v[q];
+      }
+    }
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int q = 0; q < K; q++) {
+      const uint32_t *a = &v[q].x;
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const float lo = tt_bf16_lo(a[j]), hi = tt_bf16_hi(a[j]);
+        s0 = tt_fma(lo, lo, s0);
+        s1 = tt_fma(hi, hi, s1);
+      }
+    }
+    const float rs = tt_group_sum_then<G>((double)s0 + (double)s1, sm, rsm,
+                                          [&](double t) { return (float)(1.0 / sqrt(t / (double)dim + eps)); });
     if (lane == 0 && n > 0) rstd[r] = rs;
 #pragma unroll
     for (int q = 0; q < K; q++) {
-      if (n <= 0 || full[q] <= 0) continue;
-      C c[V], wv[V];
-      tt_unpack<DT>(xa[q], c);
-      tt_unpack<DT>(wr[q], wv);
+      const int c = lane + q * G;
+      if (n <= 0 || c >= nc) continue;
+      TT_EMU_CHUNK(true, true);
+      const uint4 wv = w[c];
+      const uint32_t *a = &v[q].x, *b = &wv.x;
+      uint4 o;
+      uint32_t *po = &o.x;
 #pragma unroll
-      for (int k = 0; k < V; k++) c[k] = tt_mul(tt_mul(c[k], rs), wv[k]);
-      tt_st_chunk<DT>(y + r * dim, tt_norm_e<V>(lane, q, G), full[q], vec, c);
+      for (int j = 0; j < 4; j++)
+        po[j] = tt_bf16x2_rn(tt_mul(tt_mul(tt_bf16_lo(a[j]), rs), tt_bf16_lo(b[j])),
+                             tt_mul(tt_mul(tt_bf16_hi(a[j]), rs), tt_bf16_hi(b[j])));
+      TT_EMU_CHUNK(true, true);
+      y[base + c] = o;
     }
+  }
+}
+
+/* The lean backward (bf16, dw in the same pass, rows of whole 16-byte
+ * chunks): tt_rmsnorm_dx_kernel's slots of L rows with the lean forward's
+ * per-element work. The row's dot sum(dy w x) is summed by each lane in f32:
+ * dy w has at most 16 significant bits and (dy w) x 24, so each product is
+ * exact and only the sums round; the lanes' sums are added in double, and
+ * rstd^3 dot / dim is computed once a row (tt_group_sum_then) as the default
+ * kernel does. The weight row and the lane's dw sums stay in registers (the
+ * default keeps the dw sums in shared memory, for registers). */
+template <int K> constexpr int tt_norm_lean_bwd_blocks() { return K == 4 ? 2 : K == 2 ? 3 : 4; }
+
+template <int G, int K>
+__global__ void __launch_bounds__(TT_CUDA_THREADS, tt_norm_lean_bwd_blocks<K>())
+    tt_rmsnorm_dxdw_lean_kernel(int64_t rows, int64_t dim, const uint4 *__restrict__ x, const uint4 *__restrict__ w,
+                                const float *__restrict__ rstd, const uint4 *__restrict__ dy, uint4 *__restrict__ dx,
+                                bool acc, int64_t L, int64_t nslot, double *__restrict__ part) {
+  constexpr int PER = TT_CUDA_THREADS / G;
+  __shared__ double sm[TT_WARPS];
+  __shared__ float csm[PER];
+  const int lane = threadIdx.x % G;
+  const int nc = (int)(dim / 8);
+  const int64_t group = (int64_t)blockIdx.x * PER + threadIdx.x / G;
+  const int64_t slot_end = group * L + L < rows ? group * L + L : rows;
+  uint4 wr[K];
+  float dwa[K][8];
 #pragma unroll
-    for (int q = 0; q < K; q++) xa[q] = xb[q];
+  for (int q = 0; q < K; q++) {
+    const int c = lane + q * G;
+    TT_EMU_CHUNK(c < nc, true);
+    wr[q] = c < nc ? w[c] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int k = 0; k < 8; k++) dwa[q][k] = 0.0f;
+  }
+  for (int64_t t = 0; t < L; t++) {
+    int64_t r, n;
+    tt_norm_row(group * L + t, slot_end, rows, dim, &r, &n);
+    const int64_t base = r * nc;
+    uint4 xv[K], gv[K];
+#pragma unroll
+    for (int q = 0; q < K; q++) {
+      const int c = lane + q * G;
+      const bool live = n > 0 && c < nc;
+      TT_EMU_CHUNK(live, true);
+      xv[q] = live ? x[base + c] : make_uint4(0, 0, 0, 0);
+      TT_EMU_CHUNK(live, true);
+      gv[q] = live ? dy[base + c] : make_uint4(0, 0, 0, 0);
+    }
+    const float rs = n > 0 ? rstd[r] : 0.0f;
+    float d0 = 0.0f, d1 = 0.0f;
+#pragma unroll
+    for (int q = 0; q < K; q++) {
+      const uint32_t *xa = &xv[q].x, *ga = &gv[q].x, *wa = &wr[q].x;
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const float xl = tt_bf16_lo(xa[j]), xh = tt_bf16_hi(xa[j]);
+        const float gl = tt_bf16_lo(ga[j]), gh = tt_bf16_hi(ga[j]);
+        d0 = tt_fma(tt_mul(gl, tt_bf16_lo(wa[j])), xl, d0);
+        d1 = tt_fma(tt_mul(gh, tt_bf16_hi(wa[j])), xh, d1);
+        dwa[q][2 * j] = tt_add(dwa[q][2 * j], tt_mul(tt_mul(gl, xl), rs));
+        dwa[q][2 * j + 1] = tt_add(dwa[q][2 * j + 1], tt_mul(tt_mul(gh, xh), rs));
+      }
+    }
+    const float cc = tt_group_sum_then<G>((double)d0 + (double)d1, sm, csm, [&](double dot) {
+      const double r3 = (double)rs;
+      return (float)(r3 * r3 * r3 * dot / (double)dim);
+    });
+#pragma unroll
+    for (int q = 0; q < K; q++) {
+      const int c = lane + q * G;
+      if (n <= 0 || c >= nc) continue;
+      const uint32_t *xa = &xv[q].x, *ga = &gv[q].x, *wa = &wr[q].x;
+      float v[8];
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        v[2 * j] = tt_sub(tt_mul(tt_mul(rs, tt_bf16_lo(wa[j])), tt_bf16_lo(ga[j])), tt_mul(tt_bf16_lo(xa[j]), cc));
+        v[2 * j + 1] = tt_sub(tt_mul(tt_mul(rs, tt_bf16_hi(wa[j])), tt_bf16_hi(ga[j])), tt_mul(tt_bf16_hi(xa[j]), cc));
+      }
+      if (acc) {
+        TT_EMU_CHUNK(true, true);
+        const uint4 old = dx[base + c];
+        const uint32_t *oa = &old.x;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          v[2 * j] = tt_add(tt_bf16_lo(oa[j]), v[2 * j]);
+          v[2 * j + 1] = tt_add(tt_bf16_hi(oa[j]), v[2 * j + 1]);
+        }
+      }
+      uint4 o;
+      uint32_t *po = &o.x;
+#pragma unroll
+      for (int j = 0; j < 4; j++) po[j] = tt_bf16x2_rn(v[2 * j], v[2 * j + 1]);
+      TT_EMU_CHUNK(true, true);
+      dx[base + c] = o;
+    }
+  }
+  if (group < nslot) {
+#pragma unroll
+    for (int q = 0; q < K; q++) {
+      const int c = lane + q * G;
+      if (c >= nc) continue;
+#pragma unroll
+      for (int k = 0; k < 8; k++) part[group * dim + (int64_t)c * 8 + k] = (double)dwa[q][k];
+    }
   }
 }
 
@@ -592,115 +686,6 @@ __global__ void __launch_bounds__(TT_CUDA_THREADS, DW ? tt_norm_dw_min_blocks<DT
   }
 }
 
-/* The pipelined backward (TITAN_CUDA_NORM_PIPE; with dw, 16-bit rows kept
- * in registers): tt_rmsnorm_dx_kernel's slots of L rows, with the next
- * row's x, dy and rstd loaded before the current row is worked on, and the
- * weight row kept in registers. The dot's products are exact (bf16
- * factors), so with A = double the fma gives the default kernel's bits. */
-/* 3 blocks an SM for 1-chunk rows (80 registers), 2 for 2-chunk ones, which
- * spill 100-140 bytes at 3 (x, dy, their next row and w). */
-template <int DT, int G, int K, typename A>
-__global__ void __launch_bounds__(TT_CUDA_THREADS, K == 1 ? 3 : 2)
-    tt_rmsnorm_dxdw_pipe_kernel(int64_t rows, int64_t dim, const typename tt_ft<DT>::S *__restrict__ x,
-                                const typename tt_ft<DT>::S *__restrict__ w,
-                                const typename tt_ft<DT>::C *__restrict__ rstd,
-                                const typename tt_ft<DT>::S *__restrict__ dy, typename tt_ft<DT>::S *__restrict__ dx,
-                                bool acc, int64_t L, int64_t nslot, double *__restrict__ part) {
-  typedef typename tt_ft<DT>::S S;
-  typedef typename tt_ft<DT>::C C;
-  static_assert(tt_norm_pipe_dtype<DT>() && K > 0 && K <= 2, "the pipelined plan: bf16 rows of 1-2 chunks a lane");
-  constexpr int V = 16 / sizeof(S);
-  constexpr int PER = TT_CUDA_THREADS / G;
-  __shared__ A sm[TT_WARPS];
-  __shared__ C ccm[PER]; /* each group's cc (tt_group_sum_then) */
-  __shared__ C dwacc[K][V][TT_CUDA_THREADS]; /* as tt_rmsnorm_dx_kernel's */
-  /* as in the forward: rows of whole 16-byte chunks, all aligned alike */
-  const bool vec = (dim * (int64_t)sizeof(S)) % 16 == 0 && tt_al16(x) && tt_al16(dy) && tt_al16(dx) && tt_al16(w);
-  const int lane = threadIdx.x % G;
-  const int64_t group = (int64_t)blockIdx.x * PER + threadIdx.x / G;
-  const int64_t slot_end = group * L + L < rows ? group * L + L : rows;
-  const int tdw = threadIdx.x;
-  int full[K];
-  tt_pack<S> wr[K];
-  tt_norm_pipe_w<DT, G, K>(w, dim, lane, vec, full, wr);
-#pragma unroll
-  for (int q = 0; q < K; q++)
-#pragma unroll
-    for (int k = 0; k < V; k++) dwacc[q][k][tdw] = (C)0;
-  /* Row t of the slot into xp, gp and *rp; nothing is read past the slot. */
-  auto fetch = [&](int64_t t, tt_pack<S> *xp, tt_pack<S> *gp, C *rp) {
-    int64_t r, n;
-    tt_norm_row(group * L + t, slot_end, rows, dim, &r, &n);
-#pragma unroll
-    for (int q = 0; q < K; q++) {
-      const int cnt = n > 0 ? full[q] : 0;
-      xp[q] = tt_ld_raw<DT>(x + r * dim, tt_norm_e<V>(lane, q, G), cnt, vec);
-      gp[q] = tt_ld_raw<DT>(dy + r * dim, tt_norm_e<V>(lane, q, G), cnt, vec);
-    }
-    *rp = n > 0 ? rstd[r] : (C)0;
-  };
-  tt_pack<S> xa[K], ga[K];
-  C rs_c;
-  fetch(0, xa, ga, &rs_c);
-  for (int64_t t = 0; t < L; t++) {
-    tt_pack<S> xb[K], gb[K];
-    C rs_next;
-    fetch(t + 1, xb, gb, &rs_next); /* in flight while this row is worked on */
-    int64_t r, n;
-    tt_norm_row(group * L + t, slot_end, rows, dim, &r, &n);
-    S *dr = dx + r * dim;
-    A dot = 0;
-#pragma unroll
-    for (int q = 0; q < K; q++) {
-      if (n <= 0) continue;
-      C xv[V], gv[V], wv[V];
-      tt_unpack<DT>(xa[q], xv);
-      tt_unpack<DT>(ga[q], gv);
-      tt_unpack<DT>(wr[q], wv);
-#pragma unroll
-      for (int k = 0; k < V; k++) {
-        dot = tt_fma(tt_mul((A)gv[k], (A)wv[k]), (A)xv[k], dot); /* zeros past the row add nothing */
-        dwacc[q][k][tdw] = tt_add(dwacc[q][k][tdw], tt_mul(tt_mul(gv[k], xv[k]), rs_c));
-      }
-    }
-    const C a = rs_c, cc = tt_group_sum_then<G>(dot, sm, ccm, [&](A d) -> C {
-      if constexpr (sizeof(A) == sizeof(double)) {
-        const double rs = (double)rs_c;
-        return (C)(rs * rs * rs * d / (double)dim); /* as the default kernel */
-      } else {
-        return tt_div(tt_mul(tt_mul(tt_mul(rs_c, rs_c), rs_c), d), (float)dim);
-      }
-    });
-#pragma unroll
-    for (int q = 0; q < K; q++) {
-      const int cnt = n > 0 ? full[q] : 0;
-      if (cnt <= 0) continue;
-      C xv[V], gv[V], wv[V];
-      tt_unpack<DT>(xa[q], xv);
-      tt_unpack<DT>(ga[q], gv);
-      tt_unpack<DT>(wr[q], wv);
-      tt_norm_dx_chunk<DT>(dr, tt_norm_e<V>(lane, q, G), cnt, vec, acc, a, cc, xv, gv, wv);
-    }
-#pragma unroll
-    for (int q = 0; q < K; q++) {
-      xa[q] = xb[q];
-      ga[q] = gb[q];
-    }
-    rs_c = rs_next;
-  }
-  if (group < nslot) {
-#pragma unroll
-    for (int q = 0; q < K; q++) {
-      const int64_t e = tt_norm_e<V>(lane, q, G), cnt = tt_norm_cnt<V>(lane, q, G, dim);
-#pragma unroll
-      for (int k = 0; k < V; k++)
-        if (k < cnt) part[group * dim + e + k] = (double)dwacc[q][k][tdw];
-    }
-  }
-}
-
-/* Thread (chunk k, column j) sums dy * x * rstd over rows [k * L, min(rows,
- * k * L + L)) in row order. R == 1: accumulates straight into dw. */
 template <int DT>
 __global__ void tt_rmsnorm_dw_partial(int64_t rows, int64_t dim, int64_t R, int64_t L,
                                       const typename tt_ft<DT>::S *__restrict__ x,
@@ -742,25 +727,23 @@ static void tt_rmsnorm_go(cudaStream_t s, int64_t rows, int64_t dim, double eps,
       rows, dim, eps, (const S *)x, (const S *)res, (const S *)w, (S *)h, (S *)y, (C *)rstd);
 }
 
-/* The pipelined forward: one wave of blocks (as many as the device holds
- * at once, fewer for fewer rows), each looping over rows. */
-template <int DT, int G, int K, typename A>
-static void tt_rmsnorm_pipe_go(int device, cudaStream_t s, int64_t rows, int64_t dim, double eps, const void *x,
-                               const void *res, const void *w, void *h, void *y, void *rstd) {
-  typedef typename tt_ft<DT>::S S;
-  typedef typename tt_ft<DT>::C C;
-  static std::atomic<int> resident[2][TT_CUDA_MAX_DEVICES];
-  const bool add = res != NULL;
-  const void *kernel = add ? (const void *)tt_rmsnorm_pipe_kernel<DT, G, K, true, A>
-                           : (const void *)tt_rmsnorm_pipe_kernel<DT, G, K, false, A>;
-  int64_t blocks = tt_cuda_resident_blocks(kernel, device, resident[add]);
-  if (blocks > (int64_t)tt_cuda_group_blocks(rows, G)) blocks = tt_cuda_group_blocks(rows, G);
-  if (add)
-    tt_rmsnorm_pipe_kernel<DT, G, K, true, A><<<(unsigned int)blocks, TT_CUDA_THREADS, 0, s>>>(
-        rows, dim, eps, (const S *)x, (const S *)res, (const S *)w, (S *)h, (S *)y, (C *)rstd);
+/* The lean plan takes rows of whole 16-byte chunks at 16-byte addresses;
+ * anything else goes to the default kernels. */
+static bool tt_norm_lean_fits(int64_t dim, const void *x, const void *res, const void *w, const void *h,
+                              const void *y) {
+  return dim % 8 == 0 && tt_al16(x) && tt_al16(w) && tt_al16(y) && (!res || (tt_al16(res) && tt_al16(h)));
+}
+
+template <int G, int K>
+static void tt_rmsnorm_lean_go(cudaStream_t s, int64_t rows, int64_t dim, double eps, const void *x, const void *res,
+                               const void *w, void *h, void *y, void *rstd) {
+  if (res)
+    tt_rmsnorm_lean_kernel<G, K, true><<<tt_cuda_group_blocks(rows, G), TT_CUDA_THREADS, 0, s>>>(
+        rows, dim, eps, (const uint4 *)x, (const uint4 *)res, (const uint4 *)w, (uint4 *)h, (uint4 *)y,
+        (float *)rstd);
   else
-    tt_rmsnorm_pipe_kernel<DT, G, K, false, A><<<(unsigned int)blocks, TT_CUDA_THREADS, 0, s>>>(
-        rows, dim, eps, (const S *)x, NULL, (const S *)w, NULL, (S *)y, (C *)rstd);
+    tt_rmsnorm_lean_kernel<G, K, false><<<tt_cuda_group_blocks(rows, G), TT_CUDA_THREADS, 0, s>>>(
+        rows, dim, eps, (const uint4 *)x, NULL, (const uint4 *)w, NULL, (uint4 *)y, (float *)rstd);
 }
 
 /* res == NULL: plain RMSNorm; else h = x + res is formed and normalized.
@@ -771,15 +754,15 @@ static tt_status tt_rmsnorm_launch(int64_t rows, int64_t dim, double eps, const 
   int device;
   cudaStream_t s;
   tt_status st = tt_cuda_current(&device, &s);
+  (void)device;
   tt_norm_plan p;
   if (st == TT_OK) st = tt_norm_plan_for<DT>(dim, false, res ? "add_rmsnorm" : "rmsnorm", &p);
   if (st != TT_OK) return st;
   tt_norm_with_plan<DT>(p, [&](auto gc, auto kc) {
     constexpr int G = decltype(gc)::value, K = decltype(kc)::value;
-    if constexpr (tt_norm_pipe_dtype<DT>() && (K == 1 || K == 2)) {
-      if (p.pipe) {
-        if (p.pipe == 2) tt_rmsnorm_pipe_go<DT, G, K, float>(device, s, rows, dim, eps, x, res, w, h, y, rstd);
-        else tt_rmsnorm_pipe_go<DT, G, K, double>(device, s, rows, dim, eps, x, res, w, h, y, rstd);
+    if constexpr (DT == TT_BF16 && (G == 32 || G == TT_CUDA_THREADS) && K >= 1 && K <= 4) {
+      if (p.lean && tt_norm_lean_fits(dim, x, res, w, h, y)) {
+        tt_rmsnorm_lean_go<G, K>(s, rows, dim, eps, x, res, w, h, y, rstd);
         return;
       }
     }
@@ -808,7 +791,7 @@ static void tt_rmsnorm_dx_go(cudaStream_t s, int64_t rows, int64_t dim, const vo
  * on an SM count that holds 396 would leave a second, mostly idle wave
  * taking as long as the first. So the dw bits are a function of the shape
  * and of the device and build (same machine, same bits). */
-template <int DT, int G, int K, int PIPE>
+template <int DT, int G, int K, bool LEAN>
 static tt_status tt_rmsnorm_dxdw_go(int device, cudaStream_t s, int64_t rows, int64_t dim, const void *x,
                                     const void *w, const void *rstd, const void *dy, void *dx, void *dw, int acc) {
   typedef typename tt_ft<DT>::S S;
@@ -816,11 +799,10 @@ static tt_status tt_rmsnorm_dxdw_go(int device, cudaStream_t s, int64_t rows, in
   if constexpr (K == 0) {
     return tt_error_set(TT_ERR_INTERNAL, "cuda rmsnorm_backward: dw in the dx pass needs the row in registers");
   } else {
-    /* PIPE: the pipelined kernel, 1 with double statistics, 2 with f32 ones
-     * (launched by name below: cuemu names a launch after its expression). */
+    /* LEAN: the lean kernel (launched by name below: cuemu names a launch
+     * after its expression) */
     const void *kernel;
-    if constexpr (PIPE == 1) kernel = (const void *)tt_rmsnorm_dxdw_pipe_kernel<DT, G, K, double>;
-    else if constexpr (PIPE == 2) kernel = (const void *)tt_rmsnorm_dxdw_pipe_kernel<DT, G, K, float>;
+    if constexpr (LEAN) kernel = (const void *)tt_rmsnorm_dxdw_lean_kernel<G, K>;
     else kernel = (const void *)tt_rmsnorm_dx_kernel<DT, G, K, true>;
     static std::atomic<int> resident[TT_CUDA_MAX_DEVICES];
     const int64_t per = TT_CUDA_THREADS / G;
@@ -837,14 +819,10 @@ static tt_status tt_rmsnorm_dxdw_go(int device, cudaStream_t s, int64_t rows, in
     tt_status st = tt_cuda_workspace(device, &ws, &hold);
     if (st != TT_OK) return st;
     const unsigned int blocks = (unsigned int)((nslot + per - 1) / per);
-    if constexpr (PIPE == 1)
-      tt_rmsnorm_dxdw_pipe_kernel<DT, G, K, double><<<blocks, TT_CUDA_THREADS, 0, s>>>(
-          rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, L, nslot,
-          (double *)ws);
-    else if constexpr (PIPE == 2)
-      tt_rmsnorm_dxdw_pipe_kernel<DT, G, K, float><<<blocks, TT_CUDA_THREADS, 0, s>>>(
-          rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, L, nslot,
-          (double *)ws);
+    if constexpr (LEAN)
+      tt_rmsnorm_dxdw_lean_kernel<G, K><<<blocks, TT_CUDA_THREADS, 0, s>>>(
+          rows, dim, (const uint4 *)x, (const uint4 *)w, (const float *)rstd, (const uint4 *)dy, (uint4 *)dx,
+          acc != 0, L, nslot, (double *)ws);
     else
       tt_rmsnorm_dx_kernel<DT, G, K, true><<<blocks, TT_CUDA_THREADS, 0, s>>>(
           rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, L, nslot,
@@ -870,11 +848,11 @@ static tt_status tt_rmsnorm_backward_launch(int64_t rows, int64_t dim, const voi
   if (dw && p.K > 0 && (int64_t)(TT_CUDA_WORKSPACE / sizeof(double)) / dim >= 1)
     return tt_norm_with_plan<DT>(p, [&](auto gc, auto kc) {
       constexpr int G = decltype(gc)::value, K = decltype(kc)::value;
-      if constexpr (tt_norm_pipe_dtype<DT>() && (K == 1 || K == 2)) {
-        if (p.pipe == 1) return tt_rmsnorm_dxdw_go<DT, G, K, 1>(device, s, rows, dim, x, w, rstd, dy, dx, dw, acc);
-        if (p.pipe == 2) return tt_rmsnorm_dxdw_go<DT, G, K, 2>(device, s, rows, dim, x, w, rstd, dy, dx, dw, acc);
+      if constexpr (DT == TT_BF16 && (G == 32 || G == TT_CUDA_THREADS) && K >= 1 && K <= 4) {
+        if (p.lean && tt_norm_lean_fits(dim, x, dy, w, dx, dx))
+          return tt_rmsnorm_dxdw_go<DT, G, K, true>(device, s, rows, dim, x, w, rstd, dy, dx, dw, acc);
       }
-      return tt_rmsnorm_dxdw_go<DT, G, K, 0>(device, s, rows, dim, x, w, rstd, dy, dx, dw, acc);
+      return tt_rmsnorm_dxdw_go<DT, G, K, false>(device, s, rows, dim, x, w, rstd, dy, dx, dw, acc);
     });
   tt_norm_with_plan<DT>(p, [&](auto gc, auto kc) {
     tt_rmsnorm_dx_go<DT, decltype(gc)::value, decltype(kc)::value>(s, rows, dim, x, w, rstd, dy, dx, acc);

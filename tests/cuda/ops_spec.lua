@@ -428,9 +428,9 @@ describe("cuda ops: rmsnorm", function()
   for _, dt in ipairs({ "float32", "float64", "bfloat16" }) do
     it("forward (y, rstd) and backward (dx; dweight accumulates) (" .. dt .. ")", H.scoped(function()
       -- rows kept in registers (up to 1024 per warp, 8192 per block; f64 256 / 2048), rows read
-      -- twice (longer), ragged tails, and rows that are not 16-byte aligned (12289); bf16 1536 and
-      -- 2048 go forward on groups of 64 lanes (four rows a block: 7 rows leave groups of the last
-      -- block with none; every group size is checked below)
+      -- twice (longer), ragged tails, and rows that are not 16-byte aligned (12289); bf16 rows of
+      -- whole 16-byte chunks take the lean kernels (both plans are checked below), f32 1536 and 2048
+      -- on a block (every group size is checked below)
       for k, rd in ipairs({ { 1, 256 }, { 7, 100 }, { 4096, 256 }, { 512, 2048 }, { 64, 4096 }, { 3, 8192 },
         { 5, 1000 }, { 2, 12289 }, { 2, 16384 }, { 3, 4096 }, { 7, 1536 } }) do
         local c = rmsnorm_case(rd[1], rd[2], dt, k)
@@ -519,68 +519,95 @@ describe("cuda ops: rmsnorm's lanes per row (TITAN_CUDA_NORM_GROUP)", function()
   end))
 end)
 
-describe("cuda ops: rmsnorm's pipelined plan (TITAN_CUDA_NORM_PIPE)", function()
-  -- An experiment the GPU benchmark times next to the default plan (docs/cuda.md): bf16 rows of one
-  -- or two chunks a lane, blocks looping over rows with the next one loaded ahead. With double
-  -- statistics (=1) it must give the default plan's bits; with f32 ones, the reference within bf16's
-  -- tolerance. Shapes: warp rows of one and two chunks, block rows of one and two, ragged rows (no
-  -- 16-byte loads), more rows than one wave of blocks takes at once (each block loops), and rows the
-  -- plan leaves to the default kernels (four chunks a lane; rows read twice).
-  local SHAPES = { { 67, 256 }, { 130, 500 }, { 21, 2048 }, { 19, 4096 }, { 11, 4000 }, { 9, 1024 }, { 2, 12289 } }
+describe("cuda ops: rmsnorm's plans (TITAN_CUDA_NORM_PLAN: lean, the default, or exact)", function()
+  -- bf16 rows of whole 16-byte chunks take the lean kernels (f32 sums within a lane, hardware rounding:
+  -- the reference within bf16's tolerance); =exact gives them the double-statistics kernels, which the
+  -- GPU benchmark times next to them (docs/cuda.md). Shapes: warp rows and block rows of 1, 2 and 4
+  -- chunks a lane, ragged ones (4000, 2056: some lanes have one chunk fewer), rows that are not whole
+  -- chunks (500, 12289: the exact kernels either way), many short rows.
+  local SHAPES = { { 67, 256 }, { 130, 500 }, { 21, 2048 }, { 19, 4096 }, { 11, 4000 }, { 9, 1024 }, { 3, 8192 },
+    { 2, 12289 }, { 5, 2056 }, { 300, 64 } }
 
-  local function with_pipe(v, fn)
-    if v then ffi.C.setenv("TITAN_CUDA_NORM_PIPE", v, 1) end
+  local function with_plan(v, fn)
+    if v then ffi.C.setenv("TITAN_CUDA_NORM_PLAN", v, 1) end
     local fine, err = pcall(fn)
-    ffi.C.unsetenv("TITAN_CUDA_NORM_PIPE")
+    ffi.C.unsetenv("TITAN_CUDA_NORM_PLAN")
     if not fine then error(err, 0) end
   end
 
-  -- Every output of the forward, the residual forward and both backwards, on the device.
-  local function outputs(rows, dim, seed, what)
-    local dt = "bfloat16"
-    local x, r = dev(H.randn({ rows, dim }, seed, dt, 3)), dev(H.randn({ rows, dim }, seed + 1, dt))
-    local w, dy = dev(H.randn({ dim }, seed + 2, dt, 0.5, 1)), dev(H.randn({ rows, dim }, seed + 3, dt))
-    local o = {}
-    o.y, o.rstd = run(what, { poison({ rows, dim }, dt), poison({ rows }, "float32") }, function(b1, b2)
-      return C.tt_op_rmsnorm(x._c, w._c, 1e-5, b1, b2)
-    end)
-    o.h, o.hy, o.hrstd = run(what .. " add", { poison({ rows, dim }, dt), poison({ rows, dim }, dt),
-      poison({ rows }, "float32") }, function(b1, b2, b3)
-      return C.tt_op_add_rmsnorm(x._c, r._c, w._c, 1e-5, b1, b2, b3)
-    end)
-    o.dw = dev(H.randn({ dim }, seed + 4, dt))
-    o.dx = run(what .. " backward", { poison({ rows, dim }, dt) }, function(b)
-      return C.tt_op_rmsnorm_backward(x._c, w._c, o.rstd._c, dy._c, b, o.dw._c)
-    end)
-    o.acc = dev(H.randn({ rows, dim }, seed + 5, dt))
-    ok(C.tt_op_rmsnorm_backward_acc(x._c, w._c, o.rstd._c, dy._c, o.acc._c, nil), what .. " backward_acc")
-    H.sync()
-    return o
+  for _, v in ipairs({ "lean", "exact" }) do
+    it(v .. ": the reference within bf16's tolerance (y, rstd, dx, dweight); add_rmsnorm's h has the add's bits "
+      .. "and its y and rstd the plan's norm of h; the backward adding dx onto a waiting gradient",
+      H.scoped(function()
+        for k, rd in ipairs(SHAPES) do
+          local rows, dim = rd[1], rd[2]
+          local c = rmsnorm_case(rows, dim, "bfloat16", 300 + k)
+          with_plan(v, function() check_rmsnorm(c, c.what .. ", " .. v) end)
+          local what = ("add_rmsnorm %dx%d bf16, %s"):format(rows, dim, v)
+          local x = dev(H.randn({ rows, dim }, 400 + k, "bfloat16", 3))
+          local r = dev(H.randn({ rows, dim }, 410 + k, "bfloat16"))
+          local w = dev(H.randn({ dim }, 420 + k, "bfloat16", 0.5, 1))
+          local h, y, y2 = poison({ rows, dim }, "bfloat16"), poison({ rows, dim }, "bfloat16"),
+            poison({ rows, dim }, "bfloat16")
+          local rstd, r2 = poison({ rows }, "float32"), poison({ rows }, "float32")
+          local h2 = x + r
+          with_plan(v, function()
+            run(what, { h, y, rstd }, function(o1, o2, o3)
+              return C.tt_op_add_rmsnorm(x._c, r._c, w._c, 1e-5, o1, o2, o3)
+            end)
+            run(what .. " apart", { y2, r2 }, function(o1, o2) return C.tt_op_rmsnorm(h2._c, w._c, 1e-5, o1, o2) end)
+          end)
+          H.check_exact(h, h2, what .. " h")
+          H.check_exact(y, y2, what .. " y")
+          H.check_exact(rstd, r2, what .. " rstd")
+          local dy, acc0 = H.randn({ rows, dim }, 430 + k, "bfloat16"), H.randn({ rows, dim }, 440 + k, "bfloat16")
+          local dw0 = H.randn({ dim }, 450 + k, "bfloat16")
+          local rdw = f64(dw0)
+          local rdx = ref(what .. " backward", 1, function(o)
+            return C.tt_op_rmsnorm_backward(f64(h2)._c, f64(w)._c, f64(r2)._c, f64(dy)._c, o, rdw._c)
+          end)
+          local accd, dwd = dev(acc0), dev(dw0)
+          with_plan(v, function()
+            ok(C.tt_op_rmsnorm_backward_acc(h2._c, w._c, r2._c, dev(dy)._c, accd._c, dwd._c), what .. " backward_acc")
+          end)
+          H.check(accd, rdx + f64(acc0), H.tol("bfloat16", 2), what .. " dx accumulated")
+          H.check(dwd, rdw, H.tol("bfloat16", 4), what .. " dweight accumulated")
+        end
+      end))
   end
 
-  it("with double statistics: the default plan's bits (y, rstd, h, dx, dx accumulated, dweight)",
+  it("a NaN and an infinity in x, a NaN in w: the lean kernels give NaN and infinities where the exact ones do",
     H.scoped(function()
-      for k, rd in ipairs(SHAPES) do
-        local what = ("rmsnorm %dx%d bf16"):format(rd[1], rd[2])
-        local want = outputs(rd[1], rd[2], 100 + 10 * k, what)
-        local got
-        with_pipe("1", function() got = outputs(rd[1], rd[2], 100 + 10 * k, what .. " pipelined") end)
-        for _, name in ipairs({ "y", "rstd", "h", "hy", "hrstd", "dx", "acc", "dw" }) do
-          H.check_exact(got[name], want[name], what .. " pipelined: " .. name)
-        end
+      local rows, dim = 6, 4096
+      local xs = H.randn({ rows, dim }, 500, "bfloat16", 3):tolist_flat()
+      local ws = H.randn({ dim }, 501, "bfloat16", 0.5, 1):tolist_flat()
+      xs[dim + 7], xs[3 * dim + 100], ws[4000] = 0 / 0, 1 / 0, 0 / 0
+      local x = dev(titan.tensor(xs, { dtype = "bfloat16" }):view({ rows, dim }))
+      local w = dev(titan.tensor(ws, { dtype = "bfloat16" }))
+      local dy = dev(H.randn({ rows, dim }, 502, "bfloat16"))
+      local out = {}
+      for _, v in ipairs({ "lean", "exact" }) do
+        local o = { y = poison({ rows, dim }, "bfloat16"), rstd = poison({ rows }, "float32"),
+          dx = poison({ rows, dim }, "bfloat16"), dw = dev(titan.zeros({ dim }, { dtype = "bfloat16" })) }
+        with_plan(v, function()
+          run("rmsnorm with NaN and inf, " .. v, { o.y, o.rstd }, function(o1, o2)
+            return C.tt_op_rmsnorm(x._c, w._c, 1e-5, o1, o2)
+          end)
+          run("rmsnorm backward with NaN and inf, " .. v, { o.dx }, function(b)
+            return C.tt_op_rmsnorm_backward(x._c, w._c, o.rstd._c, dy._c, b, o.dw._c)
+          end)
+        end)
+        out[v] = o
+      end
+      for _, name in ipairs({ "y", "rstd", "dx", "dw" }) do
+        H.check_exact(out.lean[name], out.exact[name], "NaN and inf: " .. name)
       end
     end))
 
-  it("with f32 statistics: the reference within bf16's tolerance (y, rstd, dx, dweight)", H.scoped(function()
-    for k, rd in ipairs(SHAPES) do
-      local c = rmsnorm_case(rd[1], rd[2], "bfloat16", 200 + k)
-      with_pipe("f32", function() check_rmsnorm(c, c.what .. ", pipelined, f32 statistics") end)
-    end
-  end))
-
   local on_gpu = H.ON_GPU and it or pending
   on_gpu("any other value: the op fails with one line naming the setting and the choices", H.scoped(function()
-    norm_setting_refused(with_pipe, "bfloat16", { "2", "yes", "f16" }, "TITAN_CUDA_NORM_PIPE=%s: expected 0, 1 or f32")
+    norm_setting_refused(with_plan, "bfloat16", { "1", "pipe", "fast" },
+      "TITAN_CUDA_NORM_PLAN=%s: expected lean or exact")
   end))
 end)
 

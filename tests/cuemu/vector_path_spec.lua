@@ -78,25 +78,26 @@ describe("the fused kernels' 16-byte accesses (cuemu's chunk counts)", function(
 
   for _, case in ipairs({
     { "f32", {} },
-    { "bf16 params + f32 master", { "--training.mixed_precision_param=bfloat16" } },
+    -- bf16 activations: RMSNorm's lean kernels (docs/cuda.md)
+    { "bf16 params + f32 master", { "--training.mixed_precision_param=bfloat16" }, lean = true },
     -- two micro-batches: the second one's weight gradients add into .grad inside the GEMMs too
     { "2 micro-batches", { "--training.global_batch_tokens=128" } },
-    -- RMSNorm's pipelined plan (TITAN_CUDA_NORM_PIPE, docs/cuda.md) in place of its default kernels
-    { "bf16, RMSNorm's pipelined plan", { "--training.mixed_precision_param=bfloat16" }, pipe = true },
+    -- bf16 with RMSNorm's exact kernels (TITAN_CUDA_NORM_PLAN=exact)
+    { "bf16, RMSNorm's exact plan", { "--training.mixed_precision_param=bfloat16" }, exact = true },
   }) do
     it("a training step, " .. case[1] .. ": every full chunk in one vector access", function()
-      if case.pipe then ffi.C.setenv("TITAN_CUDA_NORM_PIPE", "1", 1) end
+      if case.exact then ffi.C.setenv("TITAN_CUDA_NORM_PLAN", "exact", 1) end
       local fine, t = pcall(step_chunks, case[2])
-      ffi.C.unsetenv("TITAN_CUDA_NORM_PIPE")
+      ffi.C.unsetenv("TITAN_CUDA_NORM_PLAN")
       if not fine then error(t, 0) end
       show("one step, " .. case[1], t)
       for k, c in pairs(t) do
         assert.are.equal(0, c.split, k .. ": full chunks split into element accesses")
       end
-      local PIPE_NAMES = { tt_rmsnorm_kernel = "tt_rmsnorm_pipe_kernel",
-        tt_rmsnorm_dx_kernel = "tt_rmsnorm_dxdw_pipe_kernel" }
+      local LEAN_NAMES = { tt_rmsnorm_kernel = "tt_rmsnorm_lean_kernel",
+        tt_rmsnorm_dx_kernel = "tt_rmsnorm_dxdw_lean_kernel" }
       for _, k in ipairs(FUSED) do
-        if case.pipe then k = PIPE_NAMES[k] or k end
+        if case.lean then k = LEAN_NAMES[k] or k end
         local c = find(t, k .. "<") or t[k]
         assert.truthy(c, k .. " ran in the step")
         assert.truthy(c.vector > 0, k .. " took the vector path")
@@ -110,21 +111,24 @@ describe("the fused kernels' 16-byte accesses (cuemu's chunk counts)", function(
   end
 
   -- The counts can fail: the same norm over rows that start off a 16-byte
-  -- boundary takes the element path, and the counts say so (the view's
-  -- tensors go with the scope).
+  -- boundary takes the element path (the exact kernel: the lean ones take
+  -- aligned rows only), and the counts say so (the view's tensors go with
+  -- the scope).
   it("sees the element path: an RMSNorm over rows 2 bytes off alignment splits its chunks", H.scoped(function()
     local rows, dim = 8, 64
     local flat = H.randn({ rows * dim + 8 }, 7, "bfloat16"):to("cuda")
     local w = H.randn({ dim }, 8, "bfloat16"):to("cuda")
-    local function norm_from(start)
+    local function norm_from(start, kernel)
       local x = flat:narrow(1, start, rows * dim):view(rows, dim)
       ffi.C.tt_emu_chunks_reset()
       local y = F.rms_norm(x, w, 1e-5)
       H.sync()
-      return find(chunks(), "tt_rmsnorm_kernel<")
+      return find(chunks(), kernel .. "<")
     end
-    local aligned, off = norm_from(1 + 8), norm_from(1 + 1) -- 8 bf16 = 16 bytes; 1 = 2 bytes
-    assert.truthy(aligned and off, "tt_rmsnorm_kernel ran")
+    -- 8 bf16 = 16 bytes; 1 = 2 bytes
+    local aligned, off = norm_from(1 + 8, "tt_rmsnorm_lean_kernel"), norm_from(1 + 1, "tt_rmsnorm_kernel")
+    assert.truthy(aligned, "tt_rmsnorm_lean_kernel ran on the aligned rows")
+    assert.truthy(off, "tt_rmsnorm_kernel ran on the misaligned rows")
     assert.are.equal(0, aligned.split, "aligned rows: split chunks")
     assert.truthy(aligned.vector > 0, "aligned rows: vector accesses")
     assert.truthy(off.split > 0, "misaligned rows: split chunks counted")
