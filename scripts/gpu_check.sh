@@ -373,6 +373,11 @@ sibling_header() { # library header -> that header as installed with the library
   esac
 }
 
+# The functions find_cuda_libs calls: a step that runs in a fresh shell
+# (bash -c) takes them all (a missing one showed on the GPU machine only, as
+# "sibling_header: command not found" and every library "not one install").
+CUDA_HELPERS="find_cuda_libs first_match sibling_header"
+
 # Where nvcc, cuBLASLt, cuDNN and NCCL are. CMake finds them in the toolkit's
 # folders by itself; when they exist only elsewhere (e.g. PyTorch's nvidia-*
 # wheels), their paths go to CMake (CUDA_CMAKE_ARGS) and their folders onto
@@ -592,7 +597,8 @@ run_step() { # name [args...]: runs <name>_cmd with the step's timeout into its 
       local arg=$((t - 10))
       (
         eval "$(prefix_env "$PREFIX" "$EXTRA_LIBS")"
-        export -f "${name}_cmd" find_cuda_libs first_match link_corpus 2>/dev/null
+        # shellcheck disable=SC2086
+        export -f "${name}_cmd" $CUDA_HELPERS link_corpus 2>/dev/null
         export BUILD ROOT SCRATCH PREFIX JOBS
         timeout --kill-after=10 "$t" bash -c "${name}_cmd \"\$@\"" _ "$arg"
       ) >>"$log" 2>&1
@@ -617,7 +623,7 @@ timeout_fn() { # seconds name
   case "$name" in
     probe)
       # Read-only queries; nvidia-smi could hang: bounded.
-      timeout --kill-after=5 "$t" bash -c "$(declare -f probe_cmd find_cuda_libs first_match); MULTIARCH=$MULTIARCH; probe_cmd"
+      timeout --kill-after=5 "$t" bash -c "$(declare -f probe_cmd $CUDA_HELPERS); MULTIARCH=$MULTIARCH; probe_cmd"
       rc=$?
       ;;
     unpack)

@@ -40,17 +40,19 @@ describe("gpu_check.sh", function()
       assert(io.open(path, "w")):close()
     end
 
-    -- A toolkit under root/cuda (a stand-in nvcc), wheels under root/py/nvidia.
+    -- A toolkit under root/cuda (a stand-in nvcc), wheels under root/py/nvidia. find_cuda_libs runs
+    -- as the steps run it: in a fresh shell given only the functions $CUDA_HELPERS names.
     local function find()
       touch("cuda/bin/nvcc")
       os.execute("chmod +x " .. q(root .. "/cuda/bin/nvcc"))
       touch("py/nvidia/__init__.py")
       -- (no system folders: a real cuDNN or NCCL on this machine must not outvote the stand-ins)
       local out, rc = sh(("env PATH=%s:/usr/bin:/bin PYTHONPATH=%s GPU_CHECK_SYSTEM_LIBDIRS= GPU_CHECK_SYSTEM_INCDIRS= "
-        .. "bash -c %s"):format(q(root .. "/cuda/bin"),
-        q(root .. "/py"), q("source " .. script .. " && find_cuda_libs && echo \"ARGS=$CUDA_CMAKE_ARGS\" && "
-          .. "echo \"LIBDIRS=$CUDA_EXTRA_LIBDIRS\"")))
+        .. "bash -c %s 2>&1"):format(q(root .. "/cuda/bin"),
+        q(root .. "/py"), q("source " .. script .. " && MULTIARCH=$MULTIARCH bash -c \"$(declare -f $CUDA_HELPERS); "
+          .. "find_cuda_libs && echo \\\"ARGS=\\$CUDA_CMAKE_ARGS\\\" && echo \\\"LIBDIRS=\\$CUDA_EXTRA_LIBDIRS\\\"\"")))
       assert.are.equal(0, rc, out)
+      assert.falsy(out:find("command not found", 1, true), out)
       return out, out:match("ARGS=([^\n]*)"), out:match("LIBDIRS=([^\n]*)")
     end
 
