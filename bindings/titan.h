@@ -671,6 +671,14 @@ tt_status tt_dist_barrier(tt_group *g);
 typedef struct tt_work tt_work;
 tt_status tt_dist_isend(tt_group *g, const tt_tensor *t, int peer, int tag, tt_work **out);
 tt_status tt_work_wait(tt_work *w);
+/* An all-reduce in place that later work does not wait for, so that it can
+ * overlap computation (DDP's buckets during the backward): on nccl it runs
+ * on the communication stream after the compute stream's work that
+ * produced t, and tt_work_wait makes the compute stream's later work wait
+ * for it (no host wait). t must be neither read nor written until then; the
+ * work keeps a reference to it. Backends without it (mpi) reduce at once
+ * and their wait returns. */
+tt_status tt_dist_all_reduce_async(tt_group *g, tt_tensor *t, int op, tt_work **out);
 /* n point-to-point operations that progress together, as
  * torch.distributed.batch_isend_irecv: op i sends ts[i] to peers[i] when
  * is_send[i], else receives into it, with tags[i]. On nccl they are one

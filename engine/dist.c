@@ -171,8 +171,9 @@ tt_status tt_dist_barrier(tt_group *g) { return g->be->barrier(g); }
 
 struct tt_work {
   tt_group *g;
-  tt_tensor *t; /* kept alive until the send completes */
-  void *req;    /* the backend's; NULL when the send already completed */
+  tt_tensor *t; /* kept alive until the work completes */
+  void *req;    /* the backend's; NULL when the work already completed */
+  int coll;     /* an all-reduce (wait_coll), else a send (wait) */
 };
 
 tt_status tt_dist_isend(tt_group *g, const tt_tensor *t, int peer, int tag, tt_work **out) {
@@ -193,9 +194,30 @@ tt_status tt_dist_isend(tt_group *g, const tt_tensor *t, int peer, int tag, tt_w
   return TT_OK;
 }
 
+tt_status tt_dist_all_reduce_async(tt_group *g, tt_tensor *t, int op, tt_work **out) {
+  *out = NULL;
+  TT_TRY(tt_chk_op("all_reduce_async", op));
+  TT_TRY(tt_chk_coll("all_reduce_async", g, t));
+  tt_work *w = calloc(1, sizeof *w);
+  if (!w) return tt_error_set(TT_ERR_OOM, "all_reduce_async: out of host memory");
+  w->g = g;
+  w->coll = 1;
+  tt_status st = g->be->all_reduce_async ? g->be->all_reduce_async(g, t, op, &w->req) : g->be->all_reduce(g, t, op);
+  if (st != TT_OK) {
+    free(w);
+    return st;
+  }
+  tt_tensor_retain(t);
+  w->t = t;
+  *out = w;
+  return TT_OK;
+}
+
 tt_status tt_work_wait(tt_work *w) {
   if (!w) return TT_OK;
-  tt_status st = w->req && w->g->be->wait ? w->g->be->wait(w->g, w->req) : TT_OK;
+  tt_status st = TT_OK;
+  if (w->req && w->coll) st = w->g->be->wait_coll(w->g, w->req);
+  else if (w->req && w->g->be->wait) st = w->g->be->wait(w->g, w->req);
   tt_tensor_release(w->t);
   free(w);
   return st;

@@ -30,6 +30,11 @@ typedef struct tt_dist_backend {
    * receives, then waits for the sends. */
   tt_status (*batch_p2p)(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
                          const int *tags);
+  /* Optional: start an all-reduce that later work does not wait for; *req
+   * is what wait_coll needs (it makes later work wait for the collective,
+   * and frees req). Without it dist.c runs all_reduce: the work is done. */
+  tt_status (*all_reduce_async)(tt_group *g, tt_tensor *t, int op, void **req);
+  tt_status (*wait_coll)(tt_group *g, void *req);
 } tt_dist_backend;
 
 struct tt_group {

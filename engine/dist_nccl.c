@@ -153,14 +153,48 @@ static tt_status end(tt_group *g, cudaStream_t comm) {
   return TT_OK;
 }
 
-static tt_status nccl_all_reduce(tt_group *g, tt_tensor *t, int op) {
+/* The all-reduce in place on the comm stream, after the compute stream's
+ * work (*s: the comm stream), without the fence out. */
+static tt_status all_reduce_start(tt_group *g, tt_tensor *t, int op, cudaStream_t *s) {
   ncclDataType_t dt = ncclFloat32;
-  cudaStream_t s = NULL;
   TT_TRY(nccl_dtype(t->dtype, &dt, 1));
-  TT_TRY(begin(g, &s));
+  TT_TRY(begin(g, s));
   void *p = tt_tensor_data(t);
-  NCCL_TRY(ncclAllReduce(p, p, (size_t)tt_tensor_numel(t), dt, nccl_op(op), impl(g)->comm, s));
+  NCCL_TRY(ncclAllReduce(p, p, (size_t)tt_tensor_numel(t), dt, nccl_op(op), impl(g)->comm, *s));
+  return TT_OK;
+}
+
+static tt_status nccl_all_reduce(tt_group *g, tt_tensor *t, int op) {
+  cudaStream_t s = NULL;
+  TT_TRY(all_reduce_start(g, t, op, &s));
   return end(g, s);
+}
+
+/* The all-reduce without the fence out: an event on the comm stream after
+ * it, which nccl_wait_coll has the compute stream wait for. */
+static tt_status nccl_all_reduce_async(tt_group *g, tt_tensor *t, int op, void **req) {
+  cudaStream_t s = NULL;
+  TT_TRY(all_reduce_start(g, t, op, &s));
+  cudaEvent_t e = NULL;
+  CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  cudaError_t err = cudaEventRecord(e, s);
+  if (err != cudaSuccess) {
+    cudaEventDestroy(e);
+    return tt_error_set(TT_ERR_INTERNAL, "cuda: cudaEventRecord failed at %s:%d: %s", __FILE__, __LINE__,
+                        cudaGetErrorString(err));
+  }
+  *req = e;
+  return TT_OK;
+}
+
+static tt_status nccl_wait_coll(tt_group *g, void *req) {
+  cudaEvent_t e = (cudaEvent_t)req;
+  cudaError_t err = cudaSetDevice(g->device);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent((cudaStream_t)tt_cuda_stream(g->device), e, 0);
+  cudaEventDestroy(e); /* (released once the collective is done) */
+  if (err != cudaSuccess)
+    return tt_error_set(TT_ERR_INTERNAL, "cuda: waiting for an all-reduce failed: %s", cudaGetErrorString(err));
+  return TT_OK;
 }
 
 static tt_status nccl_reduce_scatter(tt_group *g, const tt_tensor *in, tt_tensor *out, int op) {
@@ -290,6 +324,8 @@ static const tt_dist_backend tt_nccl_backend = {
     .recv = nccl_recv,
     .barrier = nccl_barrier,
     .batch_p2p = nccl_batch_p2p,
+    .all_reduce_async = nccl_all_reduce_async,
+    .wait_coll = nccl_wait_coll,
 };
 
 const tt_dist_backend *tt_dist_backend_nccl(void) { return &tt_nccl_backend; }

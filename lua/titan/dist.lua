@@ -167,6 +167,15 @@ function Group:isend(t, peer, tag)
   check(C.tt_dist_isend(self._c, tensor.cptr(t), peer, tag or 0, out), 2)
   return setmetatable({ _c = ffi.gc(out[0], C.tt_work_wait) }, Work)
 end
+-- The sum (or op) of t over the group, in place, started and not waited
+-- for: on nccl later kernels do not wait for it until work:wait() (which
+-- makes them wait, with no host wait), so it overlaps what runs meanwhile;
+-- t must not be read or written until then. mpi reduces at once.
+function Group:all_reduce_async(t, op)
+  local out = ffi.new("tt_work*[1]")
+  check(C.tt_dist_all_reduce_async(self._c, tensor.cptr(t), red(op), out), 2)
+  return setmetatable({ _c = ffi.gc(out[0], C.tt_work_wait) }, Work)
+end
 function Work:wait()
   local c = self._c
   if c == nil then return end

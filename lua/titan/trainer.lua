@@ -69,11 +69,24 @@ end
 -- the same either way.
 function M.run_micro_batches(tr, batches, ctx)
   if tr.pipe then return M.run_pipeline(tr, batches, ctx) end
+  if tr.ddp then
+    -- (a failed micro-batch leaves no reduction running: lua/parallel/ddp.lua)
+    local ok, res = pcall(M.run_micro_batches_eager, tr, batches, ctx)
+    if not ok then
+      tr.ddp:drop()
+      error(res, 0)
+    end
+    return res
+  end
+  return M.run_micro_batches_eager(tr, batches, ctx)
+end
+function M.run_micro_batches_eager(tr, batches, ctx)
   local n = #batches
   local on_device = n > 1
   local losses
   local loss_sum = 0
   for i, b in ipairs(batches) do
+    if tr.ddp and i == n then tr.ddp:arm() end -- (the last backward's hooks sum the gradients)
     local v = titan.scope(function()
       local loss = M.forward_backward(tr, b, ctx)
       if not on_device then return loss:item() end
@@ -377,6 +390,13 @@ function M.new(cfg, opts)
       self.fsdp = fsdp.apply(model, shard, opts)
     end
   end
+  -- DDP on GPUs: each block's gradients summed during the backward, on the
+  -- communication stream (lua/parallel/ddp.lua). (mpi's collectives block:
+  -- nothing to overlap; TP and PP reduce their own way.)
+  if self.dp and not self.fsdp and not self.tp_plan and not self.pipe and self.dp:backend() == "nccl"
+    and cfg.parallelism.ddp_overlap then
+    self.ddp = require("parallel.ddp").attach(model, self.dp)
+  end
   self.shard_of = M.compose_boxes(self.fsdp, self.tp_plan)
   self.flops_per_token, self.nparams = flops, nparams
 
@@ -567,8 +587,9 @@ function Trainer:banner()
       .. "after forward: %s)%s; tps and MFU are per rank"):format(over, self.dp_size, self.dp_shard, rep,
       ("%.1f MiB"):format(self.fsdp:sharded_bytes() / 2 ^ 20), self.cfg.parallelism.fsdp_reshard_after_forward, each))
   elseif self.dp then
-    self.print(("data parallel over %s: %d ranks (DDP: gradients summed in ~25 MB buckets each step)%s; tps and "
-      .. "MFU are per rank"):format(over, self.dp_size, each))
+    self.print(("data parallel over %s: %d ranks (DDP: %s)%s; tps and MFU are per rank"):format(over, self.dp_size,
+      self.ddp and "each block's gradients summed during the backward, on the communication stream"
+      or "gradients summed in ~25 MB buckets each step", each))
   end
   if self.tp_plan then
     self.print(("tensor parallel: %d ranks per replica split each block's heads and feed-forward units (%s); tps "
@@ -726,6 +747,14 @@ local function reduce(self, params, loss)
   if self.pp_group then loss = self.pp_group:sum_numbers({ loss })[1] end -- (the last stage's)
   if self.fsdp then
     loss = self.dp:sum_numbers({ loss })[1] -- (the gradients were reduce-scattered in the backward)
+  elseif self.ddp then
+    local n = self.ddp:finish(params) -- (most were started in the backward)
+    if not self.ddp_told then -- (once: that the hooks did their part)
+      self.ddp_told = true
+      self.print(("DDP: %d of %d blocks' gradient sums started during the backward"):format(n,
+        self.ddp.nblocks))
+    end
+    loss = self.dp:sum_numbers({ loss })[1]
   elseif self.dp then
     loss = self:reduce_gradients(params, loss)
   end

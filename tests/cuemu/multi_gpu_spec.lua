@@ -20,13 +20,13 @@ local mpi = dist.built("mpi")
 local NO_MPI = "titan_cuemu was built without Open MPI (libopenmpi-dev): no ranks to run"
 
 -- The debug model, tiny; each of `nproc` ranks on its own emulated GPU.
-local function train_cmd(nproc, dump, extra)
+local function train_cmd(nproc, dump, extra, env_pre)
   local args = { "lua/recipes/llama3_debugmodel.lua", "--job.dump_folder=" .. dump, "--metrics.peak_flops=1e11",
     "--metrics.log_freq=1", "--metrics.enable_jsonl=true", "--training.seq_len=32", "--validation.enable=false",
     "--training.shuffle=false", "--lr_scheduler.warmup_steps=2", "--training.device=cuda" }
   for _, a in ipairs(extra or {}) do args[#args + 1] = a end
   for i, a in ipairs(args) do args[i] = sh.quote(a) end
-  local pre = ("TITAN_CUEMU=1 TITAN_CUEMU_DEVICES=%d "):format(nproc)
+  local pre = (env_pre or "") .. ("TITAN_CUEMU=1 TITAN_CUEMU_DEVICES=%d "):format(nproc)
     .. (nproc > 1 and ("%s --nproc %d "):format(exe, nproc) or ("OMP_NUM_THREADS=2 %s "):format(exe))
   return pre .. table.concat(args, " ")
 end
@@ -81,15 +81,32 @@ describe("training on several GPUs over NCCL", function()
     if not mpi then return pending(NO_MPI) end
     local want = one_gpu()
     local cases = {
+      -- (each block's sums started in its backward hook, the compute stream waiting only before the update)
       { "DDP", { "--training.local_batch_size=2", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=1" },
-        "data parallel over NCCL: 2 ranks (DDP" },
+        "data parallel over NCCL: 2 ranks (DDP: each block's gradients summed during the backward",
+        "DDP: 6 of 6 blocks' gradient sums started during the backward" },
+      { "DDP, sums after the backward", { "--training.local_batch_size=2", "--parallelism.dp_replicate=2",
+        "--parallelism.dp_shard=1", "--parallelism.ddp_overlap=false" },
+        "data parallel over NCCL: 2 ranks (DDP: gradients summed in ~25 MB buckets" },
+      -- each stream's work queued until the host waits for it, in both orders (tests/cuemu/README.md): an
+      -- update that did not wait for the sums would read the rank's own gradients in the first; two
+      -- micro-batches (the hooks reduce on the last one only) and checkpointed blocks (their
+      -- recomputation inside the backward hooks again)
+      { "DDP, deferred streams, 2 micro-batches, full AC", { "--training.local_batch_size=1",
+        "--parallelism.dp_replicate=2", "--parallelism.dp_shard=1", "--training.global_batch_tokens=128",
+        "--activation_checkpoint.mode=full" }, "DDP: 6 of 6 blocks' gradient sums started during the backward",
+        nil, "TITAN_CUEMU_STREAMS=deferred " },
+      { "DDP, deferred streams in reverse", { "--training.local_batch_size=2", "--parallelism.dp_replicate=2",
+        "--parallelism.dp_shard=1" }, "DDP: 6 of 6 blocks' gradient sums started during the backward", nil,
+        "TITAN_CUEMU_STREAMS=deferred TITAN_CUEMU_ORDER=reverse " },
       { "FSDP", { "--training.local_batch_size=2" }, "data parallel over NCCL: 2 ranks, FSDP over 2 shards" },
       { "TP", { "--training.local_batch_size=4", "--parallelism.tp=2" }, "tensor parallel: 2 ranks" },
     }
     for _, c in ipairs(cases) do
       local dump = sh.tmpdir()
-      local out = run_ok(train_cmd(2, dump, with(c[2], { "--training.steps=3" })))
+      local out = run_ok(train_cmd(2, dump, with(c[2], { "--training.steps=3" }), c[5]))
       assert.truthy(out:find(c[3], 1, true), out)
+      if c[4] then assert.truthy(out:find(c[4], 1, true), out) end
       matches(want, curve(dump), 3, 2e-5, c[1])
       -- (the attention fallback's notice comes from rank 0 alone: every rank takes the same path)
       local _, notices = out:gsub("cuDNN SDPA unavailable for forward", "")

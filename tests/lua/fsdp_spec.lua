@@ -51,20 +51,9 @@ describe("tensor storage free / alloc", function()
   end)
 end)
 
-local ARGS = { dim = 64, n_layers = 3, n_heads = 4, n_kv_heads = 2, multiple_of = 32, vocab_size = 96,
-  max_seq_len = 64 }
-
-local function ids_batch()
-  local rows, r = {}, 5
-  for b = 1, 2 do
-    rows[b] = {}
-    for t = 1, 24 do
-      r = (r * 1103515245 + 12345) % 2147483648
-      rows[b][t] = r % 96
-    end
-  end
-  return titan.tensor(rows, { dtype = "int64" })
-end
+local tiny = dofile("tests/lua/tiny_llama.lua")
+local ARGS = tiny.ARGS
+local function ids_batch() return tiny.ids_batch(5) end
 
 -- The plain model's gradients, or FSDP's at world 1 (fake backend), by name.
 local function grads(opts)
