@@ -665,7 +665,8 @@ tt_status tt_dist_barrier(tt_group *g);
  * stages may both be sending (an activation one way, a gradient the other)
  * and blocking sends would wait on each other. The work keeps a reference
  * to t; t's values must not change until tt_work_wait, which waits for the
- * send to complete and frees the work (also when it fails). Backends
+ * send to complete and frees the work (also when it fails); a group freed
+ * while works are pending is freed by the last wait. Backends
  * without a nonblocking send (nccl: already ordered on its stream) send at
  * once and their wait returns. */
 typedef struct tt_work tt_work;

@@ -47,10 +47,18 @@ tt_status tt_group_new(const char *backend, int rank, int world, const uint8_t *
   return TT_OK;
 }
 
-void tt_group_free(tt_group *g) {
-  if (!g) return;
+static void tt_group_destroy(tt_group *g) {
   if (g->be->destroy) g->be->destroy(g);
   free(g);
+}
+
+void tt_group_free(tt_group *g) {
+  if (!g) return;
+  if (g->works > 0) {
+    g->free_pending = 1; /* (tt_work_wait frees it after the last work) */
+    return;
+  }
+  tt_group_destroy(g);
 }
 
 int tt_group_rank(const tt_group *g) { return g->rank; }
@@ -190,6 +198,7 @@ tt_status tt_dist_isend(tt_group *g, const tt_tensor *t, int peer, int tag, tt_w
   }
   tt_tensor_retain((tt_tensor *)t);
   w->t = (tt_tensor *)t;
+  g->works++;
   *out = w;
   return TT_OK;
 }
@@ -209,6 +218,7 @@ tt_status tt_dist_all_reduce_async(tt_group *g, tt_tensor *t, int op, tt_work **
   }
   tt_tensor_retain(t);
   w->t = t;
+  g->works++;
   *out = w;
   return TT_OK;
 }
@@ -219,7 +229,9 @@ tt_status tt_work_wait(tt_work *w) {
   if (w->req && w->coll) st = w->g->be->wait_coll(w->g, w->req);
   else if (w->req && w->g->be->wait) st = w->g->be->wait(w->g, w->req);
   tt_tensor_release(w->t);
+  tt_group *g = w->g;
   free(w);
+  if (--g->works == 0 && g->free_pending) tt_group_destroy(g);
   return st;
 }
 

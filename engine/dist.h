@@ -41,6 +41,10 @@ struct tt_group {
   const tt_dist_backend *be;
   int rank, size, device;
   void *impl; /* the backend's communicator */
+  /* Works not yet waited for (they read the group), and whether
+   * tt_group_free came meanwhile: the last wait then frees the group, so
+   * the order in which Lua's finalizers run at exit does not matter. */
+  int works, free_pending;
 };
 
 const tt_dist_backend *tt_dist_backend_fake(void);

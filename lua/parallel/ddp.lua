@@ -83,8 +83,8 @@ function DDP:finish(params)
   return n
 end
 
--- After a failed step: waits for the reductions started (their works must
--- not outlive the group: a work's finalizer reads it) and forgets them.
+-- After a failed step: waits for the reductions started and forgets them,
+-- so that the next step (or the exit) starts clean.
 function DDP:drop()
   local works = self.works
   self.works, self.started, self.armed = {}, {}, false

@@ -48,6 +48,23 @@ local t = titan.tensor({ 2 * r, 1 }, on({ dtype = "float32" }))
 g:all_reduce(t, "avg")
 same("all_reduce avg float32", t:tolist_flat(), { n - 1, 1 }, 1e-6)
 
+-- all_reduce_async (DDP's overlap): started, another collective meanwhile,
+-- then waited; and one whose group is freed before the wait (the group
+-- stays until its last work is waited for)
+local a = titan.tensor({ r + 1, 2 }, on({ dtype = "float32" }))
+local wa = g:all_reduce_async(a, "sum")
+local b = titan.tensor({ r }, on({ dtype = "float32" }))
+g:all_reduce(b, "sum")
+wa:wait()
+same("all_reduce_async", { a:tolist_flat()[1], a:tolist_flat()[2], b:item() },
+  { sum_of(function(q) return q + 1 end), 2 * n, sum_of(function(q) return q end) })
+local sub = g:split(0, r)
+local c = titan.tensor({ r }, on({ dtype = "float32" }))
+local wc = sub:all_reduce_async(c, "sum")
+sub:free()
+wc:wait()
+same("all_reduce_async, its group freed first", c:tolist_flat(), { sum_of(function(q) return q end) })
+
 -- all_gather (also bfloat16: moved as bytes, not converted)
 local mine = titan.tensor({ { r, 10 * r } }, on({ dtype = "float32" }))
 local want = {}
