@@ -93,11 +93,13 @@ function DDP:drop()
 end
 
 -- model.layers' blocks get the hook (forward and forward_parts, the outer
--- call only); returns the DDP state for the trainer.
+-- call only); returns the DDP state for the trainer. A model without
+-- `layers` gets no hooks: finish() then sums everything after the backward.
 function M.attach(model, group)
   local d = setmetatable({ group = group, block_params = {}, works = {}, started = {}, armed = false, nblocks = 0,
     stats = { in_backward = 0, last_in_backward = 0 } }, DDP)
-  for _, nl in ipairs(model.layers:named_children()) do
+  local layers = rawget(model, "layers")
+  for _, nl in ipairs(layers and layers:named_children() or {}) do
     local block = nl[2]
     d.nblocks = d.nblocks + 1
     local ps = {}

@@ -10,6 +10,7 @@ local dist = require("titan.dist")
 local ddp = require("parallel.ddp")
 local ac = require("parallel.ac")
 local llama = require("models.llama3")
+local nn = require("titan.nn")
 
 local tiny = dofile("tests/lua/tiny_llama.lua")
 local ARGS = tiny.ARGS
@@ -74,15 +75,9 @@ describe("DDP's backward hooks (fake backend)", function()
     for name, g in pairs(plain) do assert.are.same(scaled(g, 2), got[name], name) end
   end)
 
-  it("a backward that was not armed: finish sums every gradient after it, once", function()
-    local model = llama.build(ARGS, { device = "meta" })
-    model:to_empty("cpu")
-    llama.init_weights(model, 3)
-    local d = ddp.attach(model, dist.new_group({ backend = "fake", rank = 0, world = 2 }))
-    local ids = ids_batch()
-    titan.scope(function()
-      titan.F.cross_entropy(model(ids):reshape(-1, 96), ids:reshape(-1)):backward()
-    end)
+  -- After a backward none of whose hooks summed anything: finish() sums every gradient, once (twice
+  -- the values at world 2), and says no block was summed during the backward.
+  local function finish_sums_all(model, d)
     local params, before = {}, {}
     for _, np in ipairs(model:named_parameters()) do
       params[#params + 1] = np[2]
@@ -92,6 +87,27 @@ describe("DDP's backward hooks (fake backend)", function()
     for _, np in ipairs(model:named_parameters()) do
       assert.are.same(scaled(before[np[1]], 2), np[2].grad:tolist_flat(), np[1])
     end
+  end
+
+  it("a backward that was not armed: finish sums every gradient after it, once", function()
+    local model = llama.build(ARGS, { device = "meta" })
+    model:to_empty("cpu")
+    llama.init_weights(model, 3)
+    local d = ddp.attach(model, dist.new_group({ backend = "fake", rank = 0, world = 2 }))
+    local ids = ids_batch()
+    titan.scope(function()
+      titan.F.cross_entropy(model(ids):reshape(-1, 96), ids:reshape(-1)):backward()
+    end)
+    finish_sums_all(model, d)
     ids:free()
+  end)
+
+  it("a model without `layers`: no hooks; finish sums every gradient after the backward", function()
+    local model = nn.Linear(4, 3)
+    local d = ddp.attach(model, dist.new_group({ backend = "fake", rank = 0, world = 2 }))
+    assert.are.equal(0, d.nblocks)
+    d:arm()
+    titan.scope(function() model(titan.ones({ 2, 4 })):sum():backward() end)
+    finish_sums_all(model, d)
   end)
 end)
