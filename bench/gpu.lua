@@ -353,6 +353,84 @@ local function rmsnorm_bench(rows, dim, dt, how)
   if var then ffi.C.unsetenv(var) end
 end
 
+-- The lean kernels' plan settings (kernels/cuda/lean.cuh) in force, as a note for a row: "" when none
+-- is set, ", exact kernels" when all of them say exact, else each set one.
+local PLAN_VARS = { { "TITAN_CUDA_NORM_PLAN", "norm" }, { "TITAN_CUDA_SWIGLU_PLAN", "swiglu" },
+  { "TITAN_CUDA_CE_PLAN", "ce" }, { "TITAN_CUDA_ROPE_PLAN", "rope" } }
+local function plan_note()
+  local parts, exact = {}, 0
+  for _, v in ipairs(PLAN_VARS) do
+    local val = os.getenv(v[1])
+    if val and val ~= "" then parts[#parts + 1] = v[2] .. " " .. val end
+    if val == "exact" then exact = exact + 1 end
+  end
+  if exact == #PLAN_VARS then return ", exact kernels" end
+  return #parts > 0 and ", " .. table.concat(parts, ", ") or ""
+end
+local function with_plans(v, fn)
+  for _, pv in ipairs(PLAN_VARS) do ffi.C.setenv(pv[1], v, 1) end
+  local fine, err = pcall(fn)
+  for _, pv in ipairs(PLAN_VARS) do ffi.C.unsetenv(pv[1]) end
+  if not fine then error(err, 0) end
+end
+
+-- SwiGLU (the FFN's gate and up, rows x hidden), cross-entropy (rows x vocab logits) and RoPE (the
+-- queries, rows x heads x head_dim), bf16 on a GPU: the lean kernels, or the exact ones with plan =
+-- "exact" (the TITAN_CUDA_*_PLAN settings).
+local function lean_bench(rows, hidden, vocab, heads, head_dim, dt, plan)
+  local note = plan and (" (" .. plan .. ")") or ""
+  local function go()
+    guarded("memory", "rope " .. dt .. note, ON_GPU and 6 or 0, function()
+      local x = rand_dev({ 1, rows, heads, head_dim }, dt, 5)
+      local y = titan.empty({ 1, rows, heads, head_dim }, { dtype = dt, device = DEV })
+      local c, s = ffi.new("tt_tensor*[1]"), ffi.new("tt_tensor*[1]")
+      check(C.tt_op_rope_table(head_dim, rows, 500000, 32, 1, 4, 8192, C.TT_F32, c, s), "rope_table")
+      local wrap = require("titan.tensor").wrap
+      local cos, sin = wrap(c[0]):to(DEV), wrap(s[0]):to(DEV)
+      local by = box(y)
+      local fwd = function() check(C.tt_op_rope(x._c, cos._c, sin._c, 0, 0, by), "rope") end
+      local t = time_it(fwd, reps_for(fwd, 0.05), 5, 2)
+      mem_row({ kernel = "rope fwd" .. note, dtype = dt, shape = ("%dx%dx%d"):format(rows, heads, head_dim),
+        ms = t * 1e3, gbps = 2 * rows * heads * head_dim * esize(dt) / t / 1e9 })
+    end)
+    guarded("memory", "swiglu " .. dt .. note, ON_GPU and 8 or 0, function()
+      local sh = { rows, hidden }
+      local a, b, dy = rand_dev(sh, dt, 1), rand_dev(sh, dt, 2), rand_dev(sh, dt, 3)
+      local o = { dtype = dt, device = DEV }
+      local y, da, db = titan.empty(sh, o), titan.empty(sh, o), titan.empty(sh, o)
+      local by, bda, bdb = box(y), box(da), box(db)
+      local fwd = function() check(C.tt_op_swiglu(a._c, b._c, by), "swiglu") end
+      local bwd = function() check(C.tt_op_swiglu_backward(a._c, b._c, dy._c, bda, bdb), "swiglu backward") end
+      local tf = time_it(fwd, reps_for(fwd, 0.05), 5, 2)
+      local tb = time_it(bwd, reps_for(bwd, 0.05), 5, 2)
+      local bytes, shape = rows * hidden * esize(dt), ("%dx%d"):format(rows, hidden)
+      mem_row({ kernel = "swiglu fwd" .. note, dtype = dt, shape = shape, ms = tf * 1e3, gbps = 3 * bytes / tf / 1e9 })
+      mem_row({ kernel = "swiglu bwd" .. note, dtype = dt, shape = shape, ms = tb * 1e3, gbps = 5 * bytes / tb / 1e9 })
+    end)
+    guarded("memory", "cross_entropy " .. dt .. note, ON_GPU and 8 or 0, function()
+      local logits = rand_dev({ rows, vocab }, dt, 4, 3)
+      local targets = titan.zeros({ rows }, { dtype = "int64", device = DEV })
+      local dl = titan.full({ rows }, 1 / rows, { dtype = dt, device = DEV })
+      local losses = titan.empty({ rows }, { dtype = dt, device = DEV })
+      local lse = titan.empty({ rows }, { dtype = dt == "float64" and "float64" or "float32", device = DEV })
+      local dlogits = titan.empty({ rows, vocab }, { dtype = dt, device = DEV })
+      local bl, blse, bdl = box(losses), box(lse), box(dlogits)
+      local n = ffi.new("int64_t[1]")
+      local fwd = function() check(C.tt_op_cross_entropy(logits._c, targets._c, -100, bl, blse, n), "cross_entropy") end
+      local bwd = function()
+        check(C.tt_op_cross_entropy_backward(logits._c, targets._c, lse._c, dl._c, -100, bdl), "cross_entropy backward")
+      end
+      local tf = time_it(fwd, reps_for(fwd, 0.05), 5, 2)
+      local tb = time_it(bwd, reps_for(bwd, 0.05), 5, 2)
+      local bytes, shape = rows * vocab * esize(dt), ("%dx%d"):format(rows, vocab)
+      mem_row({ kernel = "cross_entropy fwd" .. note, dtype = dt, shape = shape, ms = tf * 1e3, gbps = bytes / tf / 1e9 })
+      mem_row({ kernel = "cross_entropy bwd" .. note, dtype = dt, shape = shape, ms = tb * 1e3,
+        gbps = 2 * bytes / tb / 1e9 })
+    end)
+  end
+  if plan then with_plans(plan, go) else go() end
+end
+
 local function adamw_bench(n, pdt, gdt, master)
   local label = ("adamw %s%s"):format(pdt, master and "+master" or "")
   guarded("memory", label, ON_GPU and 8 or 0, function()
@@ -549,13 +627,13 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
         local tps = B * T / t
         local res = { model = label, dtype = dt, B = B, T = T, step_ms = t * 1e3, tokens_per_s = tps,
           graphs = graphs and true or false, graph_nodes = nodes, gemm_autotune = titan.gemm_autotune(),
-          norm_plan = os.getenv("TITAN_CUDA_NORM_PLAN"),
+          plans = plan_note(),
           mfu = tps * flops_per_token / PEAK, flops_per_token = flops_per_token, params = nparams,
           peak_gib = peak / 2 ^ 30, build_s = build_s, last_loss = last_loss, steps = steps,
           init = args.real_init and "seeded" or "tiled" }
         print(("  [train] %s %s B%d T%d%s: %.1f ms/step, %.0f tokens/s, MFU %.1f%%, peak %.1f GiB (built in %.1f s, loss %.3f)")
           :format(label, dt, B, T, (graphs and (" cuda graph (%d nodes)"):format(nodes or 0) or "") ..
-            (res.gemm_autotune and ", gemm autotune" or "") .. (res.norm_plan and ", norm " .. res.norm_plan or ""),
+            (res.gemm_autotune and ", gemm autotune" or "") .. res.plans,
             res.step_ms, tps,
             100 * res.mfu, res.peak_gib, build_s, last_loss))
         if profile and not graphs then
@@ -583,8 +661,7 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
     end)
     if r then
       results.train[#results.train + 1] = r
-      local launch = (r.graphs and "graph" or "eager") .. (r.gemm_autotune and ", gemm autotune" or "") ..
-        (r.norm_plan and ", norm " .. r.norm_plan or "")
+      local launch = (r.graphs and "graph" or "eager") .. (r.gemm_autotune and ", gemm autotune" or "") .. r.plans
       train_rows[#train_rows + 1] = { r.model, r.dtype, ("%dx%d"):format(r.B, r.T), launch, f1(r.step_ms),
         ("%.0f"):format(r.tokens_per_s), ("%.1f%%"):format(100 * r.mfu), f1(r.peak_gib) }
       return r -- the first dtype that works
@@ -611,6 +688,8 @@ if S then
   rmsnorm_bench(64, 128, BF, { lanes = 256 })
   rmsnorm_bench(64, 128, BF, { plan = "exact" })
   adamw_bench(65536, "float32", "float32", false)
+  lean_bench(16, 64, 2048, 4, 16, BF)
+  lean_bench(16, 64, 2048, 4, 16, BF, "exact")
   adamw_model_bench("debugmodel")
 else
   copy_bench(268435456, "float32")
@@ -620,6 +699,9 @@ else
   rmsnorm_bench(16384, 4096, "float32")
   adamw_bench(268435456, "float32", "float32", false)
   adamw_bench(268435456, "bfloat16", "bfloat16", true)
+  -- the 1B step's SwiGLU, loss and query RoPE shapes (8192 tokens), lean and exact
+  lean_bench(8192, 8192, 128256, 32, 64, "bfloat16")
+  lean_bench(8192, 8192, 128256, 32, 64, "bfloat16", "exact")
 end
 if S then
   train_bench("tiny", { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 256, multiple_of = 32,
@@ -640,10 +722,9 @@ else
   titan.set_gemm_autotune(true)
   train_bench("llama3 1B", "1B", 1, 8192, { "bfloat16" }, 5, 2, 45)
   titan.set_gemm_autotune(false)
-  -- and with RMSNorm's exact kernels in place of the lean ones (TITAN_CUDA_NORM_PLAN, read at each launch)
-  ffi.C.setenv("TITAN_CUDA_NORM_PLAN", "exact", 1)
-  train_bench("llama3 1B", "1B", 1, 8192, { "bfloat16" }, 5, 2, 45)
-  ffi.C.unsetenv("TITAN_CUDA_NORM_PLAN")
+  -- and with the exact kernels in place of the lean ones (RMSNorm, SwiGLU, cross-entropy: the plan
+  -- settings, read at each launch)
+  with_plans("exact", function() train_bench("llama3 1B", "1B", 1, 8192, { "bfloat16" }, 5, 2, 45) end)
   -- After the headline figures: the optimizer step's launches.
   adamw_model_bench("debugmodel")
   adamw_model_bench("1B")

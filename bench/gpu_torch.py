@@ -566,7 +566,7 @@ def side_by_side(titan):
             if r["model"] == tr["model"] and r["B"] == tr["B"] and r["T"] == tr["T"]:
                 launch = (" (cuda graph)" if tr.get("graphs") else "") + \
                     (" (gemm autotune)" if tr.get("gemm_autotune") else "") + \
-                    (f" (norm {tr['norm_plan']})" if tr.get("norm_plan") else "")
+                    (f" ({tr['plans'].lstrip(', ')})" if tr.get("plans") else "")
                 rows.append([f"train {tr['model']} B{tr['B']}x{tr['T']}: titan {tr['dtype']}{launch} vs torch {r['mode']} "
                              f"(sdpa {r.get('attention', '?')})",
                              f"{tr['tokens_per_s']:.0f} tok/s ({100 * tr['mfu']:.1f}% MFU)",

@@ -20,8 +20,16 @@
  *
  * Edge cases follow the CPU: NaN logits give NaN lse, as do +inf logits and
  * rows that are all -inf.
+ *
+ * bf16 logits of more than 1024 columns, whole 16-byte chunks a row, take
+ * the lean kernels (lean.cuh): per element one widening, a max, an fma and
+ * one ex2.approx, a lane's terms added in f32 per four chunks and those sums
+ * in double, where the default kernels run the ported exp and a double add
+ * per element (compute-bound at a 128k vocabulary); the backward the same
+ * exp2 and hardware bf16 rounding. TITAN_CUDA_CE_PLAN=exact turns them off.
  */
 #include "kernel_util.cuh"
+#include "lean.cuh"
 
 __device__ __forceinline__ float tt_ce_exp(float a) { return tt_d_expf(a); }
 __device__ __forceinline__ double tt_ce_exp(double a) { return exp(a); }
@@ -154,6 +162,117 @@ __global__ void tt_ce_backward(int64_t N, int64_t V, const typename tt_ft<DT>::S
   }
 }
 
+/* ---- the lean kernels: bf16, a block per row of nc whole chunks ---------- */
+
+#define TT_CE_LEAN_U 4          /* chunks a lane loads before it adds them */
+#define TT_BF16X2_NEG_INF 0xff80ff80u /* what a chunk past the row's end holds */
+
+__global__ void tt_ce_forward_lean(int64_t N, int64_t nc, const uint4 *__restrict__ logits,
+                                   const int64_t *__restrict__ targets, int64_t ignore_index,
+                                   uint16_t *__restrict__ losses, float *__restrict__ lse, tt_index_fault *fault) {
+  __shared__ tt_lse<float> sm[TT_WARPS];
+  const int64_t V = nc * 8;
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    const uint4 *x = logits + r * nc;
+    tt_lse<float> p;
+    p.m = -INFINITY;
+    p.s = 0.0;
+    for (int64_t c0 = threadIdx.x; c0 < nc; c0 += (int64_t)TT_CE_LEAN_U * TT_CUDA_THREADS) {
+      uint4 v[TT_CE_LEAN_U];
+#pragma unroll
+      for (int u = 0; u < TT_CE_LEAN_U; u++) {
+        const int64_t c = c0 + (int64_t)u * TT_CUDA_THREADS;
+        TT_EMU_CHUNK(c < nc, true);
+        v[u] = c < nc ? x[c] : make_uint4(TT_BF16X2_NEG_INF, TT_BF16X2_NEG_INF, TT_BF16X2_NEG_INF, TT_BF16X2_NEG_INF);
+      }
+      /* the new max (a NaN fails every comparison and is left to the sum) */
+      float cm = p.m;
+#pragma unroll
+      for (int u = 0; u < TT_CE_LEAN_U; u++) {
+        const uint32_t *pv = &v[u].x;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          const float lo = tt_bf16_lo(pv[j]), hi = tt_bf16_hi(pv[j]);
+          cm = lo > cm ? lo : cm;
+          cm = hi > cm ? hi : cm;
+        }
+      }
+      if (cm > p.m) {
+        p.s = p.s == 0.0 ? 0.0 : p.s * (double)tt_lean_exp2((p.m - cm) * TT_LOG2E);
+        p.m = cm;
+      }
+      /* m = -inf: all the lane has seen is -inf or NaN; exp2(x - 0) gives
+       * those 0 and NaN, where x - m would make a -inf NaN */
+      const float mb = (p.m == -INFINITY ? 0.0f : p.m) * TT_LOG2E;
+      float cs = 0.0f;
+#pragma unroll
+      for (int u = 0; u < TT_CE_LEAN_U; u++) {
+        const uint32_t *pv = &v[u].x;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          cs += tt_lean_exp2(fmaf(tt_bf16_lo(pv[j]), TT_LOG2E, -mb));
+          cs += tt_lean_exp2(fmaf(tt_bf16_hi(pv[j]), TT_LOG2E, -mb));
+        }
+      }
+      p.s += (double)cs;
+    }
+    p = tt_group_reduce<TT_CUDA_THREADS>(p, tt_lse_op(), sm);
+    if (threadIdx.x == 0) {
+      /* An all -inf row: the CPU's exp(-inf - -inf) makes it NaN. */
+      const double l = p.m == -INFINITY ? (double)NAN : (double)p.m + log(p.s);
+      lse[r] = (float)l;
+      const int64_t t = targets[r];
+      if (tt_ce_ignored(t, V, ignore_index)) {
+        losses[r] = tt_d_f32_to_bf16(0.0f);
+        tt_ce_fault(fault, TT_FAULT_CROSS_ENTROPY, t, r, V, ignore_index);
+      } else {
+        const float xt = tt_d_bf16_to_f32(((const uint16_t *)logits)[r * V + t]);
+        losses[r] = tt_d_f32_to_bf16((float)(l - (double)xt));
+      }
+    }
+  }
+}
+
+/* dlogits = dloss * 2^((x - lse) log2 e), less dloss at the target. dlogits
+ * may be logits itself. */
+__global__ void tt_ce_backward_lean(int64_t N, int64_t nc, const uint4 *logits, const int64_t *__restrict__ targets,
+                                    const float *__restrict__ lse, const uint16_t *__restrict__ dlosses,
+                                    int64_t ignore_index, uint4 *dlogits, tt_index_fault *fault) {
+  const int64_t V = nc * 8;
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    const uint4 *x = logits + r * nc;
+    uint4 *dx = dlogits + r * nc;
+    const int64_t t = targets[r];
+    const bool ign = tt_ce_ignored(t, V, ignore_index);
+    if (ign && threadIdx.x == 0) tt_ce_fault(fault, TT_FAULT_CROSS_ENTROPY_BACKWARD, t, r, V, ignore_index);
+    const float g = ign ? 0.0f : tt_d_bf16_to_f32(dlosses[r]);
+    const float lb = ign ? 0.0f : lse[r] * TT_LOG2E;
+#pragma unroll 2
+    for (int64_t c = threadIdx.x; c < nc; c += TT_CUDA_THREADS) {
+      uint4 o;
+      uint32_t *po = &o.x;
+      if (ign) {
+        o = make_uint4(0, 0, 0, 0);
+      } else {
+        TT_EMU_CHUNK(true, true);
+        const uint4 v = x[c];
+        const uint32_t *pv = &v.x;
+        float d[8];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          d[2 * j] = g * tt_lean_exp2(fmaf(tt_bf16_lo(pv[j]), TT_LOG2E, -lb));
+          d[2 * j + 1] = g * tt_lean_exp2(fmaf(tt_bf16_hi(pv[j]), TT_LOG2E, -lb));
+        }
+        if (t >= c * 8 && t < c * 8 + 8) d[t - c * 8] -= g;
+#pragma unroll
+        for (int j = 0; j < 4; j++) po[j] = tt_bf16x2_rn(d[2 * j], d[2 * j + 1]);
+      }
+      TT_EMU_CHUNK(true, true);
+      dx[c] = o;
+    }
+  }
+}
+
 template <int DT>
 static tt_status tt_ce_launch(int backward, int64_t N, int64_t V, const void *logits, const int64_t *targets,
                               int64_t ignore_index, const void *lse_in, const void *dlosses, void *out0, void *out1) {
@@ -164,6 +283,23 @@ static tt_status tt_ce_launch(int backward, int64_t N, int64_t V, const void *lo
   tt_status st = tt_cuda_current(&device, &s);
   if (st != TT_OK) return st;
   tt_index_fault *f = tt_cuda_fault(device);
+  bool lean; /* read for every dtype, so a misspelt setting never goes unnoticed */
+  st = tt_lean_plan("TITAN_CUDA_CE_PLAN", backward ? "cross_entropy_backward" : "cross_entropy", &lean);
+  if (st != TT_OK) return st;
+  if constexpr (DT == TT_BF16) {
+    if (lean && V > 1024 && V % 8 == 0 && tt_al16(logits) && (!backward || tt_al16(out0))) {
+      const unsigned int g = (unsigned int)(N < 65536 ? N : 65536);
+      if (!backward)
+        tt_ce_forward_lean<<<g, TT_CUDA_THREADS, 0, s>>>(N, V / 8, (const uint4 *)logits, targets, ignore_index,
+                                                          (uint16_t *)out0, (float *)out1, f);
+      else
+        tt_ce_backward_lean<<<g, TT_CUDA_THREADS, 0, s>>>(N, V / 8, (const uint4 *)logits, targets,
+                                                           (const float *)lse_in, (const uint16_t *)dlosses,
+                                                           ignore_index, (uint4 *)out0, f);
+      TT_CUDA_CHECK_LAUNCH("tt_ce_forward_lean (or its backward)");
+      return TT_OK;
+    }
+  }
   const bool small = V <= 1024;
   const int G = small ? 32 : TT_CUDA_THREADS;
   unsigned int g = tt_cuda_group_blocks(N, G);

@@ -24,7 +24,8 @@
  *
  * dw: each column summed over all rows, deterministically without atomics:
  * the rows are cut into fixed chunks, each chunk's sum lands in the device
- * workspace, and a second kernel adds the partials in chunk order in double
+ * workspace, and a second kernel adds the partials in double in a fixed
+ * order (16 interleaved runs, then their sums in turn: tt_rmsnorm_dw_final)
  * and accumulates into dw (dw = dw + total, rounded once). Rows kept in
  * registers get their chunk sums from the dx kernel itself (a slot of
  * 16..~128 rows per row group, summed in the compute type, the slot count a
@@ -35,9 +36,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cuda_bf16.h>
-
 #include "kernel_util.cuh"
+#include "lean.cuh"
 
 /* K, the chunks of V elements each thread keeps in registers, is a template
  * parameter chosen per launch: the smallest of 1, 2, 4 (8 for f32) that
@@ -107,11 +107,7 @@ static int tt_norm_group_setting(void) {
  * the double sums), which the GPU benchmark times next to the lean ones.
  * Read at each launch, as the group. 0: lean (unset, empty or "lean"); 1:
  * exact; -1: anything else. */
-static int tt_norm_plan_setting(void) {
-  const char *e = getenv("TITAN_CUDA_NORM_PLAN");
-  if (!e || !*e || !strcmp(e, "lean")) return 0;
-  return !strcmp(e, "exact") ? 1 : -1;
-}
+static int tt_norm_plan_setting(void) { return tt_lean_setting("TITAN_CUDA_NORM_PLAN"); }
 
 template <int DT>
 static tt_status tt_norm_plan_for(int64_t dim, bool backward, const char *op, tt_norm_plan *p) {
@@ -342,18 +338,7 @@ __device__ __forceinline__ R tt_group_sum_then(T v, T *smem, R *out, F f) {
  * and DESIGN.md's "norms' statistics in fp32", not the kernels above' bits.
  * h (add_rmsnorm) is the add's bits either way. */
 
-/* Two floats rounded to bf16 in one instruction, NaN encoded as the host
- * converter does (the hardware gives 0x7fff for every NaN). */
-__device__ __forceinline__ uint32_t tt_bf16x2_rn(float lo, float hi) {
-  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
-  uint32_t u;
-  memcpy(&u, &p, sizeof u);
-  if (lo != lo || hi != hi) u = (uint32_t)tt_d_f32_to_bf16(lo) | (uint32_t)tt_d_f32_to_bf16(hi) << 16;
-  return u;
-}
-__device__ __forceinline__ float tt_bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
-__device__ __forceinline__ float tt_bf16_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
-
+/* tt_bf16x2_rn, tt_bf16_lo, tt_bf16_hi: lean.cuh. */
 template <int G, int K> constexpr int tt_norm_lean_fwd_blocks() { return G == 32 && K == 4 ? 5 : 6; }
 
 template <int G, int K, bool RES>
@@ -566,7 +551,7 @@ __device__ __forceinline__ void tt_norm_dx_chunk(typename tt_ft<DT>::S *dr, int6
  * DW (rows kept in registers only, K > 0): group `slot` takes the rows
  * [slot L, slot L + L) in order and also sums dy * x * rstd over them for
  * its columns, in the compute type (at most L terms), into part[slot dim +
- * column] as a double; tt_rmsnorm_dw_final adds the slots in order. So dw
+ * column] as a double; tt_rmsnorm_dw_final adds up the slots. So dw
  * costs no second read of x and dy. */
 /* Blocks per SM the dx-and-dw kernel is compiled for: 3 where ptxas fits
  * that without spilling (bf16 rows of up to 2 chunks a thread, f32 of up to
@@ -707,15 +692,42 @@ __global__ void tt_rmsnorm_dw_partial(int64_t rows, int64_t dim, int64_t R, int6
   }
 }
 
+/* dw[j] += the R partials of column j. A thread per column summing R
+ * partials in turn left a 2048-wide row's final pass with 8 blocks, each
+ * thread's loads one after another: about as long as the dx pass itself at
+ * 8192 rows. Here a block takes 16 columns with 16 threads each: thread s
+ * sums the partials s, s + 16, s + 32, ... of its column in order (a
+ * half-warp reads 128 contiguous bytes a step), and the 16 sums meet in
+ * order in shared memory. The order is a function of R alone. */
+#define TT_DW_COLS 16
+#define TT_DW_SEGS (TT_CUDA_THREADS / TT_DW_COLS)
 template <int DT>
 __global__ void tt_rmsnorm_dw_final(int64_t dim, int64_t R, const double *__restrict__ part,
                                     typename tt_ft<DT>::S *__restrict__ dw) {
   typedef typename tt_ft<DT>::C C;
-  for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < dim; j += (int64_t)gridDim.x * blockDim.x) {
+  __shared__ double sm[TT_DW_SEGS][TT_DW_COLS + 1];
+  const int c = threadIdx.x % TT_DW_COLS, sg = threadIdx.x / TT_DW_COLS;
+  for (int64_t j0 = (int64_t)blockIdx.x * TT_DW_COLS; j0 < dim; j0 += (int64_t)gridDim.x * TT_DW_COLS) {
+    const int64_t j = j0 + c;
     double acc = 0.0;
-    for (int64_t k = 0; k < R; k++) acc = tt_add(acc, part[k * dim + j]);
-    dw[j] = tt_ft<DT>::st((C)tt_add((double)tt_ft<DT>::ld(dw[j]), acc));
+    if (j < dim) {
+#pragma unroll 4
+      for (int64_t k = sg; k < R; k += TT_DW_SEGS) acc = tt_add(acc, part[k * dim + j]);
+    }
+    sm[sg][c] = acc;
+    __syncthreads();
+    if (sg == 0 && j < dim) {
+      double t = sm[0][c];
+      for (int q = 1; q < TT_DW_SEGS; q++) t = tt_add(t, sm[q][c]);
+      dw[j] = tt_ft<DT>::st((C)tt_add((double)tt_ft<DT>::ld(dw[j]), t));
+    }
+    __syncthreads();
   }
+}
+
+static unsigned int tt_rmsnorm_dw_final_blocks(int64_t dim) {
+  int64_t b = (dim + TT_DW_COLS - 1) / TT_DW_COLS;
+  return (unsigned int)(b > 65536 ? 65536 : b);
 }
 
 template <int DT, int G, int K, bool RES>
@@ -828,7 +840,8 @@ static tt_status tt_rmsnorm_dxdw_go(int device, cudaStream_t s, int64_t rows, in
           rows, dim, (const S *)x, (const S *)w, (const C *)rstd, (const S *)dy, (S *)dx, acc != 0, L, nslot,
           (double *)ws);
     TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dx_kernel (with dw)");
-    tt_rmsnorm_dw_final<DT><<<tt_cuda_blocks(dim), TT_CUDA_THREADS, 0, s>>>(dim, nslot, (const double *)ws, (S *)dw);
+    tt_rmsnorm_dw_final<DT><<<tt_rmsnorm_dw_final_blocks(dim), TT_CUDA_THREADS, 0, s>>>(dim, nslot,
+                                                                                      (const double *)ws, (S *)dw);
     TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dw_final");
     return TT_OK;
   }
@@ -879,7 +892,7 @@ static tt_status tt_rmsnorm_backward_launch(int64_t rows, int64_t dim, const voi
       rows, dim, R, L, (const S *)x, (const C *)rstd, (const S *)dy, part, (S *)dw);
   TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dw_partial");
   if (R > 1) {
-    tt_rmsnorm_dw_final<DT><<<tt_cuda_blocks(dim), TT_CUDA_THREADS, 0, s>>>(dim, R, part, (S *)dw);
+    tt_rmsnorm_dw_final<DT><<<tt_rmsnorm_dw_final_blocks(dim), TT_CUDA_THREADS, 0, s>>>(dim, R, part, (S *)dw);
     TT_CUDA_CHECK_LAUNCH("tt_rmsnorm_dw_final");
   }
   return TT_OK;

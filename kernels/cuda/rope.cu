@@ -11,8 +11,15 @@
  * arithmetic with unfused products: f32 is bit-identical to the reference.
  * The table is f64 for f64 x and f32 for f32, bf16 and f16 x (RoPE is
  * computed in f32 for the 16-bit dtypes, rounded once per output).
+ *
+ * bf16 x with a head dim that is a multiple of 8, at 16-byte addresses,
+ * takes the lean kernel (lean.cuh): a chunk's 4 cosines and 4 sines in two
+ * 16-byte loads rather than eight, the head offset in 32-bit arithmetic
+ * rather than a 64-bit remainder per chunk, contracted products and
+ * hardware bf16 rounding. TITAN_CUDA_ROPE_PLAN=exact turns it off.
  */
 #include "kernel_util.cuh"
+#include "lean.cuh"
 
 /* ---- table ------------------------------------------------------------------ */
 
@@ -105,6 +112,37 @@ __global__ void tt_rope_kernel(int64_t BT, int64_t T, int64_t H, int64_t D, cons
   }
 }
 
+/* The lean kernel: a token's H * D bf16 as H * D / 8 chunks; chunk u holds
+ * the pairs 4 (u % (D / 8)) .. + 3 of its head, whose angles are the
+ * float4 at that index of the position's table row (D / 2 floats). */
+__global__ void tt_rope_lean_kernel(int64_t BT, int64_t T, int H, int D, const uint4 *x, const float4 *__restrict__ cs,
+                                    const float4 *__restrict__ sn, int64_t pos_offset, float sg, uint4 *y) {
+  const int cpr = D / 8, nunits = H * cpr;
+  for (int64_t bt = blockIdx.x; bt < BT; bt += gridDim.x) {
+    const int64_t pos = pos_offset + bt % T;
+    const float4 *c = cs + pos * cpr, *s = sn + pos * cpr;
+    const uint4 *xr = x + bt * nunits;
+    uint4 *yr = y + bt * nunits;
+    for (int u = threadIdx.x; u < nunits; u += blockDim.x) {
+      const int i4 = u % cpr;
+      TT_EMU_CHUNK(true, true);
+      const uint4 v = xr[u];
+      const float4 cc = c[i4], s4 = s[i4];
+      const float cv[4] = { cc.x, cc.y, cc.z, cc.w }, sv[4] = { sg * s4.x, sg * s4.y, sg * s4.z, sg * s4.w };
+      const uint32_t *pv = &v.x;
+      uint4 o;
+      uint32_t *po = &o.x;
+#pragma unroll
+      for (int p = 0; p < 4; p++) {
+        const float a = tt_bf16_lo(pv[p]), b = tt_bf16_hi(pv[p]);
+        po[p] = tt_bf16x2_rn(a * cv[p] - b * sv[p], a * sv[p] + b * cv[p]);
+      }
+      TT_EMU_CHUNK(true, true);
+      yr[u] = o;
+    }
+  }
+}
+
 template <int DT>
 static tt_status tt_rope_launch(int64_t B, int64_t T, int64_t H, int64_t D, const void *x, const void *cos,
                                 const void *sin, int64_t pos_offset, int inverse, void *y) {
@@ -118,6 +156,16 @@ static tt_status tt_rope_launch(int64_t B, int64_t T, int64_t H, int64_t D, cons
   int64_t BT = B * T;
   bool vec = D % V == 0 && tt_al16(x) && tt_al16(y);
   unsigned int g = (unsigned int)(BT < 65536 ? BT : 65536);
+  bool lean; /* read for every dtype, so a misspelt setting never goes unnoticed */
+  if ((st = tt_lean_plan("TITAN_CUDA_ROPE_PLAN", "rope", &lean)) != TT_OK) return st;
+  if (DT == TT_BF16 && lean && D % 8 == 0 && H * D <= INT32_MAX && tt_al16(x) && tt_al16(y) && tt_al16(cos) &&
+      tt_al16(sin)) {
+    tt_rope_lean_kernel<<<g, TT_CUDA_THREADS, 0, s>>>(BT, T, (int)H, (int)D, (const uint4 *)x, (const float4 *)cos,
+                                                      (const float4 *)sin, pos_offset, inverse ? -1.0f : 1.0f,
+                                                      (uint4 *)y);
+    TT_CUDA_CHECK_LAUNCH("tt_rope_lean_kernel");
+    return TT_OK;
+  }
   tt_rope_kernel<DT><<<g, TT_CUDA_THREADS, 0, s>>>(BT, T, H, D, (const S *)x, (const C *)cos, (const C *)sin,
                                                   pos_offset, inverse ? (C)-1 : (C)1, vec, (S *)y);
   TT_CUDA_CHECK_LAUNCH("tt_rope_kernel");

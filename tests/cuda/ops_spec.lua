@@ -488,6 +488,39 @@ local function norm_setting_refused(with_setting, dt, bads, want)
   ok(C.tt_op_rmsnorm(x._c, w._c, 1e-5, box(), box()), "rmsnorm with the setting unset")
 end
 
+-- fn() with the environment variable var set to v (left unset for nil), unset afterwards. The lean
+-- kernels' plan settings are read at each launch, so one process can go through every choice.
+pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
+local function with_env(var, v, fn)
+  if v then ffi.C.setenv(var, v, 1) end
+  local fine, err = pcall(fn)
+  ffi.C.unsetenv(var)
+  if not fine then error(err, 0) end
+end
+
+-- got (the lean kernels' output) has the same NaN and infinities (sign too) in the same places as want
+-- (the exact kernels'), and its finite values are within tol of want's largest finite magnitude. There
+-- must be some non-finite value to compare.
+local function same_nonfinite(got, want, name, tol)
+  local g, w = got:to("float64"):tolist_flat(), want:to("float64"):tolist_flat()
+  local scale, bad = 0, 0
+  for _, v in ipairs(w) do
+    if v == v and math.abs(v) ~= math.huge then scale = math.max(scale, math.abs(v)) end
+  end
+  for i, b in ipairs(w) do
+    local a = g[i]
+    if b ~= b or math.abs(b) == math.huge then
+      assert(a == b or (a ~= a and b ~= b), ("NaN and inf: %s element %d is %s, the exact kernels' %s")
+        :format(name, i, tostring(a), tostring(b)))
+      bad = bad + 1
+    else
+      assert(a == a and math.abs(a - b) <= tol * scale, ("NaN and inf: %s element %d is %s, the exact kernels' %s")
+        :format(name, i, tostring(a), tostring(b)))
+    end
+  end
+  assert.is_true(bad > 0, name .. ": no NaN or infinity to compare")
+end
+
 describe("cuda ops: rmsnorm's lanes per row (TITAN_CUDA_NORM_GROUP)", function()
   -- The setting is read at each launch, so one process can go through every
   -- choice: the GPU benchmark times them side by side (docs/cuda.md).
@@ -528,12 +561,7 @@ describe("cuda ops: rmsnorm's plans (TITAN_CUDA_NORM_PLAN: lean, the default, or
   local SHAPES = { { 67, 256 }, { 130, 500 }, { 21, 2048 }, { 19, 4096 }, { 11, 4000 }, { 9, 1024 }, { 3, 8192 },
     { 2, 12289 }, { 5, 2056 }, { 300, 64 } }
 
-  local function with_plan(v, fn)
-    if v then ffi.C.setenv("TITAN_CUDA_NORM_PLAN", v, 1) end
-    local fine, err = pcall(fn)
-    ffi.C.unsetenv("TITAN_CUDA_NORM_PLAN")
-    if not fine then error(err, 0) end
-  end
+  local function with_plan(v, fn) with_env("TITAN_CUDA_NORM_PLAN", v, fn) end
 
   for _, v in ipairs({ "lean", "exact" }) do
     it(v .. ": the reference within bf16's tolerance (y, rstd, dx, dweight); add_rmsnorm's h has the add's bits "
@@ -599,26 +627,9 @@ describe("cuda ops: rmsnorm's plans (TITAN_CUDA_NORM_PLAN: lean, the default, or
         end)
         out[v] = o
       end
-      -- the same NaN and infinities (sign too) in the same places; the finite values within bf16's
-      -- tolerance of the largest (the plans' statistics round differently)
+      -- the finite values within bf16's tolerance of the largest (the plans' statistics round differently)
       for _, name in ipairs({ "y", "rstd", "dx", "dw" }) do
-        local got, want = out.lean[name]:to("float64"):tolist_flat(), out.exact[name]:to("float64"):tolist_flat()
-        local scale, bad = 0, 0
-        for _, v in ipairs(want) do
-          if v == v and math.abs(v) ~= math.huge then scale = math.max(scale, math.abs(v)) end
-        end
-        for i, b in ipairs(want) do
-          local a = got[i]
-          if b ~= b or math.abs(b) == math.huge then
-            assert(a == b or (a ~= a and b ~= b), ("NaN and inf: %s element %d is %s, the exact kernels' %s")
-              :format(name, i, tostring(a), tostring(b)))
-            bad = bad + 1
-          else
-            assert(a == a and math.abs(a - b) <= H.tol("bfloat16", 4) * scale, ("NaN and inf: %s element %d "
-              .. "is %s, the exact kernels' %s"):format(name, i, tostring(a), tostring(b)))
-          end
-        end
-        assert.is_true(bad > 0, name .. ": no NaN or infinity to compare")
+        same_nonfinite(out.lean[name], out.exact[name], name, H.tol("bfloat16", 4))
       end
     end))
 
@@ -730,6 +741,183 @@ describe("cuda ops: cross-entropy", function()
         end
       end))
   end
+end)
+
+describe("cuda ops: swiglu's, cross-entropy's and rope's plans (TITAN_CUDA_{SWIGLU,CE,ROPE}_PLAN)", function()
+  -- bf16 tensors of whole 16-byte chunks take the lean kernels (the hardware's exp2, reciprocal and bf16
+  -- rounding: the reference within bf16's tolerance, kernels/cuda/lean.cuh); =exact gives them the
+  -- kernels that compute as the CPU does. The specs above run the default; these run both plans.
+  local BF = "bfloat16"
+
+  -- x [B, T, H, D], forward and inverse, at a position offset, in place too; the tables f32 on the device
+  local function rope_case(sh, seed, v)
+    local D = sh[4]
+    local c, s = box(), box()
+    ok(C.tt_op_rope_table(D, 64, 500000, 8, 1, 4, 8192, C.TT_F32, c, s), "rope_table")
+    local cos, sin = take(c), take(s)
+    local dcos, dsin = dev(cos), dev(sin)
+    local x = H.randn(sh, seed, BF)
+    for _, inv in ipairs({ 0, 1 }) do
+      local what = ("rope %s offset 3 inverse %d bf16, %s"):format(table.concat(sh, "x"), inv, v)
+      local r = ref(what, 1, function(o) return C.tt_op_rope(f64(x)._c, f64(cos)._c, f64(sin)._c, 3, inv, o) end)
+      local out, xi = poison(sh, BF), dev(x)
+      with_env("TITAN_CUDA_ROPE_PLAN", v, function()
+        run(what, { out }, function(o) return C.tt_op_rope(dev(x)._c, dcos._c, dsin._c, 3, inv, o) end)
+        run(what .. " in place", { xi }, function(o) return C.tt_op_rope(xi._c, dcos._c, dsin._c, 3, inv, o) end)
+      end)
+      H.check(out, r, H.tol(BF), what)
+      H.check_exact(xi, out, what .. " in place")
+    end
+  end
+
+  local function swiglu_case(shape, seed, v)
+    local a, b = H.randn(shape, seed, BF, 3), H.randn(shape, seed + 1, BF)
+    local dy = H.randn(shape, seed + 2, BF)
+    local what = ("swiglu %s bf16, %s"):format(table.concat(shape, "x"), v)
+    local r = ref(what, 1, function(o) return C.tt_op_swiglu(f64(a)._c, f64(b)._c, o) end)
+    local rda, rdb = ref(what .. " backward", 2, function(o1, o2)
+      return C.tt_op_swiglu_backward(f64(a)._c, f64(b)._c, f64(dy)._c, o1, o2)
+    end)
+    local y, da, db = poison(shape, BF), poison(shape, BF), poison(shape, BF)
+    local ad, bd = dev(a), dev(b)
+    with_env("TITAN_CUDA_SWIGLU_PLAN", v, function()
+      run(what, { y }, function(o) return C.tt_op_swiglu(ad._c, bd._c, o) end)
+      run(what .. " backward", { da, db }, function(o1, o2)
+        return C.tt_op_swiglu_backward(ad._c, bd._c, dev(dy)._c, o1, o2)
+      end)
+      run(what .. " in place", { ad }, function(o) return C.tt_op_swiglu(ad._c, bd._c, o) end)
+    end)
+    H.check(y, r, H.tol(BF), what)
+    H.check(da, rda, H.tol(BF, 2), what .. " da")
+    H.check(db, rdb, H.tol(BF, 2), what .. " db")
+    H.check_exact(ad, y, what .. " in place")
+  end
+
+  -- every fifth target ignored; the backward also in place (dlogits over the logits)
+  local function ce_case(N, V, seed, v)
+    local logits = H.randn({ N, V }, seed, BF, 3)
+    local tl = H.ids({ N }, V, seed + 1):tolist_flat()
+    for i = 1, N, 5 do tl[i] = -100 end
+    local targets = titan.tensor(tl, { dtype = "int64" })
+    local what = ("cross_entropy N%d V%d bf16, %s"):format(N, V, v)
+    local n = ffi.new("int64_t[1]")
+    local rl, rlse = ref(what, 2, function(o1, o2)
+      return C.tt_op_cross_entropy(f64(logits)._c, targets._c, -100, o1, o2, n)
+    end)
+    local dl = H.randn({ N }, seed + 2, BF, 1 / N)
+    local rd = ref(what .. " backward", 1, function(o)
+      return C.tt_op_cross_entropy_backward(f64(logits)._c, targets._c, rlse._c, f64(dl)._c, -100, o)
+    end)
+    local losses, lse, dlogits = poison({ N }, BF), poison({ N }, "float32"), poison({ N, V }, BF)
+    local ld, td, dld = dev(logits), dev(targets), dev(dl)
+    with_env("TITAN_CUDA_CE_PLAN", v, function()
+      run(what, { losses, lse }, function(o1, o2) return C.tt_op_cross_entropy(ld._c, td._c, -100, o1, o2, n) end)
+      run(what .. " backward", { dlogits }, function(o)
+        return C.tt_op_cross_entropy_backward(ld._c, td._c, lse._c, dld._c, -100, o)
+      end)
+      run(what .. " backward in place", { ld }, function(o)
+        return C.tt_op_cross_entropy_backward(ld._c, td._c, lse._c, dld._c, -100, o)
+      end)
+    end)
+    H.check(losses, rl, H.tol(BF), what .. " losses")
+    H.check(lse, rlse, H.tol("float32", 2), what .. " lse")
+    H.check(dlogits, rd, H.tol(BF, 2), what .. " dlogits")
+    H.check_exact(ld, dlogits, what .. " backward in place")
+  end
+
+  for _, v in ipairs({ "lean", "exact" }) do
+    it(v .. ": swiglu forward, backward and in place within bf16's tolerance; a ragged tail (n % 8) too",
+      H.scoped(function()
+        for k, shape in ipairs({ { 64, 1024 }, { 7, 33 }, { 3, 8 }, { 1, 5 } }) do swiglu_case(shape, 600 + 10 * k, v) end
+      end))
+    it(v .. ": cross-entropy forward and backward (in place too) within tolerance, a 128k vocabulary too",
+      H.scoped(function()
+        -- 2056: 257 chunks, so one lane's second load runs past the row; 1000: the warp kernel
+        for k, nv in ipairs({ { 6, 2056 }, { 11, 32000 }, { 2, 128256 }, { 4, 1000 } }) do
+          ce_case(nv[1], nv[2], 700 + 10 * k, v)
+        end
+      end))
+    it(v .. ": rope forward and inverse (in place too) within bf16's tolerance; head dims of 1, 2 and 16 chunks",
+      H.scoped(function()
+        -- 12: not whole chunks (the exact kernel either way)
+        for k, sh in ipairs({ { 2, 9, 3, 8 }, { 1, 5, 4, 16 }, { 1, 3, 2, 128 }, { 2, 4, 3, 12 } }) do
+          rope_case(sh, 900 + k, v)
+        end
+      end))
+  end
+
+  it("NaN and infinities: the lean kernels give them where the exact ones do", H.scoped(function()
+    -- swiglu: a NaN, +inf and -inf in a, a NaN in b
+    local n = 4 * 1024
+    local as, bs = H.randn({ n }, 800, BF, 3):tolist_flat(), H.randn({ n }, 801, BF):tolist_flat()
+    as[5], as[1000], as[2001], bs[3001] = 0 / 0, 1 / 0, -1 / 0, 0 / 0
+    local a, b = dev(titan.tensor(as, { dtype = BF })), dev(titan.tensor(bs, { dtype = BF }))
+    local dy = dev(H.randn({ n }, 802, BF))
+    -- cross-entropy: a row with a NaN, one with +inf, one all -inf, one with a few -inf (finite)
+    local N, V = 4, 2048
+    local ls = H.randn({ N, V }, 803, BF, 3):tolist_flat()
+    ls[17] = 0 / 0
+    ls[V + 300] = 1 / 0
+    for i = 2 * V + 1, 3 * V do ls[i] = -1 / 0 end
+    ls[3 * V + 1], ls[3 * V + 999], ls[4 * V] = -1 / 0, -1 / 0, -1 / 0
+    local logits = dev(titan.tensor(ls, { dtype = BF }):view({ N, V }))
+    local targets = dev(titan.tensor({ 3, 7, 11, 2000 }, { dtype = "int64" }))
+    local dl = dev(titan.full({ N }, 0.25, { dtype = BF }))
+    local out = {}
+    for _, v in ipairs({ "lean", "exact" }) do
+      local o = { y = poison({ n }, BF), da = poison({ n }, BF), db = poison({ n }, BF), losses = poison({ N }, BF),
+        lse = poison({ N }, "float32"), dlogits = poison({ N, V }, BF) }
+      local cnt = ffi.new("int64_t[1]")
+      with_env("TITAN_CUDA_SWIGLU_PLAN", v, function()
+        run("swiglu with NaN and inf, " .. v, { o.y }, function(o1) return C.tt_op_swiglu(a._c, b._c, o1) end)
+        run("swiglu backward with NaN and inf, " .. v, { o.da, o.db }, function(o1, o2)
+          return C.tt_op_swiglu_backward(a._c, b._c, dy._c, o1, o2)
+        end)
+      end)
+      with_env("TITAN_CUDA_CE_PLAN", v, function()
+        run("cross_entropy with NaN and inf, " .. v, { o.losses, o.lse }, function(o1, o2)
+          return C.tt_op_cross_entropy(logits._c, targets._c, -100, o1, o2, cnt)
+        end)
+        run("cross_entropy backward with NaN and inf, " .. v, { o.dlogits }, function(o1)
+          return C.tt_op_cross_entropy_backward(logits._c, targets._c, o.lse._c, dl._c, -100, o1)
+        end)
+      end)
+      out[v] = o
+    end
+    for _, name in ipairs({ "y", "da", "db", "losses", "lse", "dlogits" }) do
+      same_nonfinite(out.lean[name], out.exact[name], name, H.tol(BF, 4))
+    end
+    -- the row with a few -inf is finite
+    local lse = out.lean.lse:to("float64"):tolist_flat()
+    assert(lse[4] == lse[4] and math.abs(lse[4]) ~= math.huge, "a row with some -inf logits: lse " .. lse[4])
+  end))
+
+  local on_gpu = H.ON_GPU and it or pending
+  on_gpu("any other value: the op fails with one line naming the setting and the choices", H.scoped(function()
+    local x, t = dev(H.randn({ 2, 2048 }, 1, BF)), dev(titan.tensor({ 1, 2 }, { dtype = "int64" }))
+    local x4 = x:view({ 1, 2, 16, 128 })
+    local c, s = box(), box()
+    ok(C.tt_op_rope_table(128, 2, 500000, 8, 1, 4, 8192, C.TT_F32, c, s), "rope_table")
+    local cos, sin = dev(take(c)), dev(take(s))
+    local cnt = ffi.new("int64_t[1]")
+    local cases = {
+      { "TITAN_CUDA_SWIGLU_PLAN", function() return C.tt_op_swiglu(x._c, x._c, box()) end },
+      { "TITAN_CUDA_CE_PLAN", function() return C.tt_op_cross_entropy(x._c, t._c, -100, box(), box(), cnt) end },
+      { "TITAN_CUDA_ROPE_PLAN", function() return C.tt_op_rope(x4._c, cos._c, sin._c, 0, 0, box()) end },
+    }
+    for _, c in ipairs(cases) do
+      for _, bad in ipairs({ "1", "fast" }) do
+        local st, msg
+        with_env(c[1], bad, function()
+          st = c[2]()
+          msg = ffi.string(C.tt_last_error())
+        end)
+        assert.are_not.equal(0, st, c[1] .. "=" .. bad .. ": the op went ahead")
+        assert.truthy(msg:find(("%s=%s: expected lean or exact"):format(c[1], bad), 1, true), msg)
+      end
+      ok(c[2](), c[1] .. " unset")
+    end
+  end))
 end)
 
 describe("cuda ops: adamw", function()

@@ -78,24 +78,29 @@ describe("the fused kernels' 16-byte accesses (cuemu's chunk counts)", function(
 
   for _, case in ipairs({
     { "f32", {} },
-    -- bf16 activations: RMSNorm's lean kernels (docs/cuda.md)
+    -- bf16 activations: the lean kernels of RMSNorm, SwiGLU, cross-entropy and RoPE (docs/cuda.md)
     { "bf16 params + f32 master", { "--training.mixed_precision_param=bfloat16" }, lean = true },
     -- two micro-batches: the second one's weight gradients add into .grad inside the GEMMs too
     { "2 micro-batches", { "--training.global_batch_tokens=128" } },
-    -- bf16 with RMSNorm's exact kernels (TITAN_CUDA_NORM_PLAN=exact)
-    { "bf16, RMSNorm's exact plan", { "--training.mixed_precision_param=bfloat16" }, exact = true },
+    -- bf16 with the exact kernels (TITAN_CUDA_NORM_PLAN, _SWIGLU_PLAN, _CE_PLAN, _ROPE_PLAN = exact)
+    { "bf16, the exact plans", { "--training.mixed_precision_param=bfloat16" }, exact = true },
   }) do
     it("a training step, " .. case[1] .. ": every full chunk in one vector access", function()
-      if case.exact then ffi.C.setenv("TITAN_CUDA_NORM_PLAN", "exact", 1) end
+      local PLANS = { "TITAN_CUDA_NORM_PLAN", "TITAN_CUDA_SWIGLU_PLAN", "TITAN_CUDA_CE_PLAN", "TITAN_CUDA_ROPE_PLAN" }
+      for _, var in ipairs(PLANS) do
+        if case.exact then ffi.C.setenv(var, "exact", 1) end
+      end
       local fine, t = pcall(step_chunks, case[2])
-      ffi.C.unsetenv("TITAN_CUDA_NORM_PLAN")
+      for _, var in ipairs(PLANS) do ffi.C.unsetenv(var) end
       if not fine then error(t, 0) end
       show("one step, " .. case[1], t)
       for k, c in pairs(t) do
         assert.are.equal(0, c.split, k .. ": full chunks split into element accesses")
       end
       local LEAN_NAMES = { tt_rmsnorm_kernel = "tt_rmsnorm_lean_kernel",
-        tt_rmsnorm_dx_kernel = "tt_rmsnorm_dxdw_lean_kernel" }
+        tt_rmsnorm_dx_kernel = "tt_rmsnorm_dxdw_lean_kernel", tt_swiglu_kernel = "tt_swiglu_lean_kernel",
+        tt_swiglu_backward_kernel = "tt_swiglu_backward_lean_kernel", tt_ce_forward = "tt_ce_forward_lean",
+        tt_ce_backward = "tt_ce_backward_lean", tt_rope_kernel = "tt_rope_lean_kernel" }
       for _, k in ipairs(FUSED) do
         if case.lean then k = LEAN_NAMES[k] or k end
         local c = find(t, k .. "<") or t[k]
