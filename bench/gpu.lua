@@ -740,6 +740,15 @@ if not S then
   rmsnorm_bench(65536, 2048, "bfloat16", { lanes = 256 })
   rmsnorm_bench(65536, 2048, "bfloat16", { lanes = 64 })
   rmsnorm_bench(65536, 2048, "bfloat16", { plan = "exact" })
+  -- Llama 3 1B's linear layers at 8192 tokens, each of the step's three products: y = x @ W^T (fwd),
+  -- dX = dY @ W (dgrad), dW = dY^T @ X (wgrad); bench/gpu_torch.py times the same, label by label
+  for _, l in ipairs({ { "wq/wo", 2048, 2048 }, { "wk/wv", 2048, 512 }, { "w1/w3", 2048, 8192 }, { "w2", 8192, 2048 },
+    { "output", 2048, 128256 } }) do
+    local din, dout = l[2], l[3]
+    gemm("1B " .. l[1] .. " fwd", 8192, dout, din, "bfloat16", 0, 1)
+    gemm("1B " .. l[1] .. " dgrad", 8192, din, dout, "bfloat16", 0, 0)
+    gemm("1B " .. l[1] .. " wgrad", dout, din, 8192, "bfloat16", 1, 0)
+  end
   -- Llama 3 8B's linear layers at 8192 tokens: y = x @ W^T (fwd), and the
   -- two backward products of one of them (dgrad: dY @ W, wgrad: dY^T @ X).
   gemm("8B wq/wo 4096->4096", 8192, 4096, 4096, "bfloat16")

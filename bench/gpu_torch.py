@@ -157,13 +157,16 @@ def table(header, rows):
 
 
 # ---- GEMM ---------------------------------------------------------------------------------------
-def gemm(label, M, N, K, dt):
+def gemm(label, M, N, K, dt, ta=0, tb=1):
+    """out[M, N] = op(a) @ op(b), a stored [K, M] when ta (else [M, K]), b [N, K] when tb (else [K, N]):
+    bench/gpu.lua's tt_op_matmul operands."""
     def run():
         dev = ARGS.device
-        x = torch.randn(M, K, device=dev, dtype=dt)
-        w = torch.randn(N, K, device=dev, dtype=dt)
+        a = torch.randn(*((K, M) if ta else (M, K)), device=dev, dtype=dt)
+        b = torch.randn(*((N, K) if tb else (K, N)), device=dev, dtype=dt)
+        x, w = (a.t() if ta else a), (b.t() if tb else b)
         out = torch.empty(M, N, device=dev, dtype=dt)
-        t = time_it(lambda: torch.matmul(x, w.t(), out=out))
+        t = time_it(lambda: torch.matmul(x, w, out=out))
         tf = 2 * M * N * K / t / 1e12
         print(f"  [gemm] {label:26s} {M}x{N}x{K}: {t * 1e3:.3f} ms, {tf:.1f} TFLOP/s", flush=True)
         return dict(label=label, dtype=str(dt).replace("torch.", ""), M=M, N=N, K=K, ms=t * 1e3, tflops=tf)
@@ -622,6 +625,12 @@ def main():
             train("llama3 debugmodel", "debugmodel", 16, 2048, mode, 10, 3, 15)
         # The launch-bound shape bench/gpu.lua also runs from a CUDA graph.
         train("llama3 debugmodel", "debugmodel", 4, 512, "eager-amp", 10, 3, 8)
+        # Llama 3 1B's linear layers at 8192 tokens, the step's three products each (bench/gpu.lua)
+        for name, din, dout in (("wq/wo", 2048, 2048), ("wk/wv", 2048, 512), ("w1/w3", 2048, 8192),
+                                ("w2", 8192, 2048), ("output", 2048, 128256)):
+            gemm(f"1B {name} fwd", 8192, dout, din, bf, 0, 1)
+            gemm(f"1B {name} dgrad", 8192, din, dout, bf, 0, 0)
+            gemm(f"1B {name} wgrad", dout, din, 8192, bf, 1, 0)
         gemm("8B wq/wo 4096->4096", 8192, 4096, 4096, bf)
         gemm("8B wk/wv 4096->1024", 8192, 1024, 4096, bf)
         gemm("8B w1/w3 4096->14336", 8192, 14336, 4096, bf)

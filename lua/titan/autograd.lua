@@ -87,13 +87,21 @@ end
 
 -- The .grad of leaf input i to accumulate into directly (created as zeros
 -- on first use), or nil when input i is not a leaf that needs a gradient.
-function Ctx:accum(i)
+-- A caller that writes every element (a weight-gradient GEMM) passes
+-- `overwrite`: a .grad made now is then left uninitialized and the second
+-- result is true, write rather than add (beta = 0). The first micro-batch
+-- after zero_grad so costs no memset of the gradients and no read of them.
+function Ctx:accum(i, overwrite)
   local t = self.node.inputs[i]
   if type(t) ~= "table" or not t.requires_grad or t._node then return nil end
   if not t.grad then
+    if overwrite then
+      t.grad = memory.keep(tensor.empty_like(t))
+      return t.grad, true
+    end
     t.grad = memory.keep(tensor.zeros_like(t))
   end
-  return t.grad
+  return t.grad, false
 end
 
 -- The gradient already waiting for intermediate input i (another consumer's

@@ -59,8 +59,8 @@ function M.linear(x, w, b)
         end
       end
       if ctx:needs(2) then
-        local acc = ctx:accum(2)
-        if acc then ops.raw_matmul(g2, xs2, true, false, acc, 1)
+        local acc, fresh = ctx:accum(2, true)
+        if acc then ops.raw_matmul(g2, xs2, true, false, acc, fresh and 0 or 1)
         else gw = ops.raw_matmul(g2, xs2, true, false) end
       end
       if b and ctx:needs(3) then

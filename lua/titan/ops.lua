@@ -560,9 +560,9 @@ function M.matmul(a, b)
           -- b 2-D: sum over the batch by folding it into the rows
           local x2 = a3 and x:reshape(-1, x:size(-1)) or x
           local g2 = a3 and g:reshape(-1, g:size(-1)) or g
-          local acc = ctx:accum(2)
+          local acc, fresh = ctx:accum(2, true)
           if acc then
-            raw_matmul(x2, g2, true, false, acc, 1)
+            raw_matmul(x2, g2, true, false, acc, fresh and 0 or 1)
           else
             gb = raw_matmul(x2, g2, true, false)
           end

@@ -165,6 +165,45 @@ describe("nn", function()
   end)
 end)
 
+describe("weight gradients", function()
+  -- autograd's ctx:accum(i, overwrite): the first gradient of a weight after zero_grad is the GEMM's
+  -- output (beta = 0) in a buffer nobody zeroed; later ones add into it (beta = 1).
+  it("a Linear's (and a matmul's) first weight gradient is written, not added to zeros; the next adds",
+    function()
+      titan.scope(function()
+        local tensor = require("titan.tensor")
+        local lin = nn.Linear(8, 4, { dtype = "float64" })
+        local w = titan.randn({ 8, 3 }, { seed = 7, dtype = "float64" }):requires_grad_()
+        local x = titan.randn({ 5, 8 }, { seed = 3, dtype = "float64" })
+        local zeros_like, zeroed = tensor.zeros_like, 0
+        tensor.zeros_like = function(...)
+          zeroed = zeroed + 1
+          return zeros_like(...)
+        end
+        local fine, err = pcall(function()
+          lin(x):sum():backward()
+          x:matmul(w):sum():backward()
+        end)
+        tensor.zeros_like = zeros_like
+        if not fine then error(err, 0) end
+        assert.are.equal(0, zeroed, "a weight gradient started from a zero-filled buffer")
+        -- d/dW of sum(x @ W^T) = ones^T x: each row of W's gradient is x's column sums; of sum(x @ w) = x^T ones
+        local cols = x:sum(1):tolist()
+        for i = 1, 4 do
+          local row = lin.weight.grad:narrow(1, i, 1):reshape(8):tolist()
+          for j = 1, 8 do assert.is_true(math.abs(row[j] - cols[j]) < 1e-12) end
+        end
+        local gw = w.grad:tolist()
+        for j = 1, 8 do
+          for k = 1, 3 do assert.is_true(math.abs(gw[j][k] - cols[j]) < 1e-12) end
+        end
+        lin(x):sum():backward()
+        local row = lin.weight.grad:narrow(1, 2, 1):reshape(8):tolist()
+        for j = 1, 8 do assert.is_true(math.abs(row[j] - 2 * cols[j]) < 1e-12, "the second backward added") end
+      end)
+    end)
+end)
+
 describe("optimizer primitives", function()
   it("adamw_ follows torch.optim.AdamW's arithmetic (reference in double)", function()
     local p0 = { 0.5, -1.25, 2.0, 0.0 }
