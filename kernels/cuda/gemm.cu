@@ -54,7 +54,8 @@
 #define TT_GEMM_WORKSPACE (32u << 20)
 #define TT_GEMM_CACHE 64
 #define TT_GEMM_TUNE_CANDIDATES 8
-#define TT_GEMM_TUNE_RUNS 3
+#define TT_GEMM_TUNE_RUNS 3          /* the fewest runs between two events */
+#define TT_GEMM_TUNE_WINDOW_MS 20.0f /* ... and about this long, measured on the heuristic's warm-up */
 #define TT_GEMM_TUNE_ROUNDS 2
 #define TT_GEMM_TUNE_MARGIN 0.02f
 
@@ -198,12 +199,15 @@ static tt_status tt_gemm_plan_build(tt_gemm_dev *g, tt_gemm_plan *p, const tt_ge
 /* Times the plan's candidates on the call's operands (C overwritten: beta =
  * 0) and keeps the fastest; a candidate that fails to run is passed over.
  * Each candidate first runs once (its warm-up), then TT_GEMM_TUNE_ROUNDS
- * rounds each time every candidate in turn, TT_GEMM_TUNE_RUNS runs between
- * two events, and a candidate's figure is its best round: the first GPU
- * check timed the candidates one after the other, and a candidate that
- * timed faster in the tuner ran 5% slower than the heuristic's choice in the
- * benchmark (8B w1/w3, bench/RESULTS.md, 2026-12-04): the clock and the
- * caches change while the tuner runs. The heuristic's first choice is kept
+ * rounds each time every candidate in turn, back to back for about
+ * TT_GEMM_TUNE_WINDOW_MS (at least TT_GEMM_TUNE_RUNS runs) between two
+ * events, and a candidate's figure is its best round. The first GPU check
+ * timed the candidates one after the other, the second in rounds of 3 runs
+ * (about 1 ms); in both a candidate that timed faster in the tuner ran 5%
+ * slower than the heuristic's choice in the benchmark's sustained runs (8B
+ * w1/w3, bench/RESULTS.md, 2026-12-04): a GPU holding its power limit
+ * lowers its clock within milliseconds, so a kernel that is fast in a burst
+ * need not be fast in a training step. The heuristic's first choice is kept
  * unless a candidate beats it by TT_GEMM_TUNE_MARGIN: a near tie is noise,
  * and the heuristic's choice is the same from run to run. Errors of the
  * events (not of a candidate) end the timing, with the heuristic's first
@@ -214,17 +218,26 @@ static tt_status tt_gemm_tune(tt_gemm_dev *g, tt_gemm_plan *p, cudaStream_t s, c
   cudaError_t err = cudaEventCreate(&e0);
   if (err == cudaSuccess) err = cudaEventCreate(&e1);
   float best[TT_GEMM_TUNE_CANDIDATES];
-  for (int i = 0; i < p->ncand; i++)
+  float one = 0.0f; /* the heuristic's warm-up run, ms */
+  for (int i = 0; i < p->ncand; i++) {
+    if (i == 0 && err == cudaSuccess) err = cudaEventRecord(e0, s);
     best[i] = cublasLtMatmul(g->lt, p->op, alpha, b, p->la, a, p->lb, beta, c, p->lc, c, p->lc, &p->cand[i],
                              g->workspace, TT_GEMM_WORKSPACE, s) == CUBLAS_STATUS_SUCCESS
                   ? 0.0f
                   : -1.0f; /* -1: cannot run; 0: not timed yet */
+    if (i == 0 && err == cudaSuccess) err = cudaEventRecord(e1, s);
+    if (i == 0 && err == cudaSuccess) err = cudaEventSynchronize(e1);
+    if (i == 0 && err == cudaSuccess) err = cudaEventElapsedTime(&one, e0, e1);
+  }
+  int runs = TT_GEMM_TUNE_RUNS;
+  if (one > 0.0f && TT_GEMM_TUNE_WINDOW_MS / one > (float)runs)
+    runs = TT_GEMM_TUNE_WINDOW_MS / one > 1000.0f ? 1000 : (int)(TT_GEMM_TUNE_WINDOW_MS / one);
   for (int round = 0; round < TT_GEMM_TUNE_ROUNDS && err == cudaSuccess; round++) {
     for (int i = 0; i < p->ncand && err == cudaSuccess; i++) {
       if (best[i] < 0.0f) continue;
       err = cudaEventRecord(e0, s);
       int ran = 1;
-      for (int r = 0; r < TT_GEMM_TUNE_RUNS && ran && err == cudaSuccess; r++)
+      for (int r = 0; r < runs && ran && err == cudaSuccess; r++)
         ran = cublasLtMatmul(g->lt, p->op, alpha, b, p->la, a, p->lb, beta, c, p->lc, c, p->lc, &p->cand[i],
                              g->workspace, TT_GEMM_WORKSPACE, s) == CUBLAS_STATUS_SUCCESS;
       if (err == cudaSuccess) err = cudaEventRecord(e1, s);

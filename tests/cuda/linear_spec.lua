@@ -185,6 +185,8 @@ describe("cuda matmul: autotuning (training.gemm_autotune)", function()
     return out
   end
   -- Candidates 3 x (a warm-up + 2 rounds of 3 timed runs) + the call itself; the other two candidates' 14.
+  -- (3 runs: the fewest; a GPU takes as many as fill about 20 ms, timed on the warm-up, which cuemu's
+  -- events give as 0 ms.)
   local TUNED = { 22, 14 }
 
   it("the first GEMM of a shape that overwrites its output times the candidates; later ones run once",
