@@ -22,8 +22,8 @@
  * rows that are all -inf.
  *
  * bf16 logits of more than 1024 columns, whole 16-byte chunks a row, take
- * the lean kernels (lean.cuh): per element one widening, a max, an fma and
- * one ex2.approx, a lane's terms added in f32 per four chunks and those sums
+ * the lean kernels (lean.cuh): per element one widening, a max, a subtract,
+ * a multiply and one ex2.approx, a lane's terms added in f32 per four chunks and those sums
  * in double, where the default kernels run the ported exp and a double add
  * per element (compute-bound at a 128k vocabulary); the backward the same
  * exp2 and hardware bf16 rounding. TITAN_CUDA_CE_PLAN=exact turns them off.
@@ -202,16 +202,18 @@ __global__ void tt_ce_forward_lean(int64_t N, int64_t nc, const uint4 *__restric
         p.m = cm;
       }
       /* m = -inf: all the lane has seen is -inf or NaN; exp2(x - 0) gives
-       * those 0 and NaN, where x - m would make a -inf NaN */
-      const float mb = (p.m == -INFINITY ? 0.0f : p.m) * TT_LOG2E;
+       * those 0 and NaN, where x - m would make a -inf NaN. x - m first
+       * (exact for nearby bf16 values, never overflowing: m is the max),
+       * then the scale, rather than one fma whose m log2 e could overflow. */
+      const float mu = p.m == -INFINITY ? 0.0f : p.m;
       float cs = 0.0f;
 #pragma unroll
       for (int u = 0; u < TT_CE_LEAN_U; u++) {
         const uint32_t *pv = &v[u].x;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-          cs += tt_lean_exp2(fmaf(tt_bf16_lo(pv[j]), TT_LOG2E, -mb));
-          cs += tt_lean_exp2(fmaf(tt_bf16_hi(pv[j]), TT_LOG2E, -mb));
+          cs += tt_lean_exp2(__fmul_rn(tt_bf16_lo(pv[j]) - mu, TT_LOG2E));
+          cs += tt_lean_exp2(__fmul_rn(tt_bf16_hi(pv[j]) - mu, TT_LOG2E));
         }
       }
       p.s += (double)cs;
@@ -246,7 +248,7 @@ __global__ void tt_ce_backward_lean(int64_t N, int64_t nc, const uint4 *logits, 
     const bool ign = tt_ce_ignored(t, V, ignore_index);
     if (ign && threadIdx.x == 0) tt_ce_fault(fault, TT_FAULT_CROSS_ENTROPY_BACKWARD, t, r, V, ignore_index);
     const float g = ign ? 0.0f : tt_d_bf16_to_f32(dlosses[r]);
-    const float lb = ign ? 0.0f : lse[r] * TT_LOG2E;
+    const float l = ign ? 0.0f : lse[r];
 #pragma unroll 2
     for (int64_t c = threadIdx.x; c < nc; c += TT_CUDA_THREADS) {
       uint4 o;
@@ -260,8 +262,8 @@ __global__ void tt_ce_backward_lean(int64_t N, int64_t nc, const uint4 *logits, 
         float d[8];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-          d[2 * j] = g * tt_lean_exp2(fmaf(tt_bf16_lo(pv[j]), TT_LOG2E, -lb));
-          d[2 * j + 1] = g * tt_lean_exp2(fmaf(tt_bf16_hi(pv[j]), TT_LOG2E, -lb));
+          d[2 * j] = g * tt_lean_exp2(__fmul_rn(tt_bf16_lo(pv[j]) - l, TT_LOG2E));
+          d[2 * j + 1] = g * tt_lean_exp2(__fmul_rn(tt_bf16_hi(pv[j]) - l, TT_LOG2E));
         }
         if (t >= c * 8 && t < c * 8 + 8) d[t - c * 8] -= g;
 #pragma unroll

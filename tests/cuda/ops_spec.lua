@@ -890,6 +890,21 @@ describe("cuda ops: swiglu's, cross-entropy's and rope's plans (TITAN_CUDA_{SWIG
     -- the row with a few -inf is finite
     local lse = out.lean.lse:to("float64"):tolist_flat()
     assert(lse[4] == lse[4] and math.abs(lse[4]) ~= math.huge, "a row with some -inf logits: lse " .. lse[4])
+    -- logits near bf16's largest: x - m never overflows (m log2 e would), so lse is the max, finite
+    local big = titan.zeros({ 1, V }, { dtype = BF })
+    big:narrow(2, 5, 1):fill_(3e38)
+    big:narrow(2, 9, 1):fill_(-3e38)
+    for _, v in ipairs({ "lean", "exact" }) do
+      local l2, s2 = poison({ 1 }, BF), poison({ 1 }, "float32")
+      local cnt = ffi.new("int64_t[1]")
+      with_env("TITAN_CUDA_CE_PLAN", v, function()
+        run("cross_entropy near bf16's largest, " .. v, { l2, s2 }, function(o1, o2)
+          return C.tt_op_cross_entropy(dev(big)._c, dev(titan.tensor({ 4 }, { dtype = "int64" }))._c, -100, o1, o2, cnt)
+        end)
+      end)
+      local got, want = s2:to("float64"):item(), big:narrow(2, 5, 1):to("float64"):item()
+      assert(math.abs(got - want) <= 1e-6 * want, ("%s: lse %s, expected the max %s"):format(v, got, want))
+    end
   end))
 
   local on_gpu = H.ON_GPU and it or pending
