@@ -680,6 +680,14 @@ tt_status tt_work_wait(tt_work *w);
  * work keeps a reference to it. Backends without it (mpi) reduce at once
  * and their wait returns. */
 tt_status tt_dist_all_reduce_async(tt_group *g, tt_tensor *t, int op, tt_work **out);
+/* A reduce-scatter and an all-gather started as tt_dist_all_reduce_async
+ * (FSDP's overlap: a block's gradients reduced while the GPU computes the
+ * blocks before it, the next block's parameters gathered while it computes
+ * this one): neither in nor out may be touched until tt_work_wait, after
+ * which the compute stream's work sees out; the work keeps references to
+ * both. Backends without them (mpi) run the collective at once. */
+tt_status tt_dist_reduce_scatter_async(tt_group *g, const tt_tensor *in, tt_tensor *out, int op, tt_work **w);
+tt_status tt_dist_all_gather_async(tt_group *g, const tt_tensor *in, tt_tensor *out, tt_work **w);
 /* n point-to-point operations that progress together, as
  * torch.distributed.batch_isend_irecv: op i sends ts[i] to peers[i] when
  * is_send[i], else receives into it, with tags[i]. On nccl they are one

@@ -179,9 +179,9 @@ tt_status tt_dist_barrier(tt_group *g) { return g->be->barrier(g); }
 
 struct tt_work {
   tt_group *g;
-  tt_tensor *t; /* kept alive until the work completes */
-  void *req;    /* the backend's; NULL when the work already completed */
-  int coll;     /* an all-reduce (wait_coll), else a send (wait) */
+  tt_tensor *t, *t2; /* kept alive until the work completes (t2: a collective's output, or NULL) */
+  void *req;         /* the backend's; NULL when the work already completed */
+  int coll;          /* a collective (wait_coll), else a send (wait) */
 };
 
 tt_status tt_dist_isend(tt_group *g, const tt_tensor *t, int peer, int tag, tt_work **out) {
@@ -203,24 +203,77 @@ tt_status tt_dist_isend(tt_group *g, const tt_tensor *t, int peer, int tag, tt_w
   return TT_OK;
 }
 
-tt_status tt_dist_all_reduce_async(tt_group *g, tt_tensor *t, int op, tt_work **out) {
-  *out = NULL;
-  TT_TRY(tt_chk_op("all_reduce_async", op));
-  TT_TRY(tt_chk_coll("all_reduce_async", g, t));
+/* A collective's work, started by start(g, w) (which sets w->req, or
+ * completes it at once and leaves it NULL); it keeps t and t2 alive. */
+static tt_status coll_work(const char *name, tt_group *g, tt_tensor *t, tt_tensor *t2, tt_work **out,
+                           tt_status (*start)(tt_group *g, tt_work *w, void *arg), void *arg) {
   tt_work *w = calloc(1, sizeof *w);
-  if (!w) return tt_error_set(TT_ERR_OOM, "all_reduce_async: out of host memory");
+  if (!w) return tt_error_set(TT_ERR_OOM, "%s: out of host memory", name);
   w->g = g;
   w->coll = 1;
-  tt_status st = g->be->all_reduce_async ? g->be->all_reduce_async(g, t, op, &w->req) : g->be->all_reduce(g, t, op);
+  tt_status st = start(g, w, arg);
   if (st != TT_OK) {
     free(w);
     return st;
   }
   tt_tensor_retain(t);
   w->t = t;
+  if (t2) tt_tensor_retain(t2);
+  w->t2 = t2;
   g->works++;
   *out = w;
   return TT_OK;
+}
+
+struct coll_args {
+  const tt_tensor *in;
+  tt_tensor *out;
+  int op;
+};
+
+static tt_status start_all_reduce(tt_group *g, tt_work *w, void *arg) {
+  struct coll_args *a = arg;
+  return g->be->all_reduce_async ? g->be->all_reduce_async(g, a->out, a->op, &w->req)
+                                 : g->be->all_reduce(g, a->out, a->op);
+}
+
+static tt_status start_reduce_scatter(tt_group *g, tt_work *w, void *arg) {
+  struct coll_args *a = arg;
+  return g->be->reduce_scatter_async ? g->be->reduce_scatter_async(g, a->in, a->out, a->op, &w->req)
+                                     : g->be->reduce_scatter(g, a->in, a->out, a->op);
+}
+
+static tt_status start_all_gather(tt_group *g, tt_work *w, void *arg) {
+  struct coll_args *a = arg;
+  return g->be->all_gather_async ? g->be->all_gather_async(g, a->in, a->out, &w->req)
+                                 : g->be->all_gather(g, a->in, a->out);
+}
+
+tt_status tt_dist_all_reduce_async(tt_group *g, tt_tensor *t, int op, tt_work **out) {
+  *out = NULL;
+  TT_TRY(tt_chk_op("all_reduce_async", op));
+  TT_TRY(tt_chk_coll("all_reduce_async", g, t));
+  struct coll_args a = { NULL, t, op };
+  return coll_work("all_reduce_async", g, t, NULL, out, start_all_reduce, &a);
+}
+
+tt_status tt_dist_reduce_scatter_async(tt_group *g, const tt_tensor *in, tt_tensor *out, int op, tt_work **w) {
+  *w = NULL;
+  TT_TRY(tt_chk_op("reduce_scatter_async", op));
+  TT_TRY(tt_chk_coll("reduce_scatter_async", g, in));
+  TT_TRY(tt_chk_coll("reduce_scatter_async", g, out));
+  TT_TRY(tt_chk_dim0("reduce_scatter_async", g, out, in));
+  struct coll_args a = { in, out, op };
+  return coll_work("reduce_scatter_async", g, (tt_tensor *)in, out, w, start_reduce_scatter, &a);
+}
+
+tt_status tt_dist_all_gather_async(tt_group *g, const tt_tensor *in, tt_tensor *out, tt_work **w) {
+  *w = NULL;
+  TT_TRY(tt_chk_coll("all_gather_async", g, in));
+  TT_TRY(tt_chk_coll("all_gather_async", g, out));
+  TT_TRY(tt_chk_dim0("all_gather_async", g, in, out));
+  struct coll_args a = { in, out, 0 };
+  return coll_work("all_gather_async", g, (tt_tensor *)in, out, w, start_all_gather, &a);
 }
 
 tt_status tt_work_wait(tt_work *w) {
@@ -229,6 +282,7 @@ tt_status tt_work_wait(tt_work *w) {
   if (w->req && w->coll) st = w->g->be->wait_coll(w->g, w->req);
   else if (w->req && w->g->be->wait) st = w->g->be->wait(w->g, w->req);
   tt_tensor_release(w->t);
+  if (w->t2) tt_tensor_release(w->t2);
   tt_group *g = w->g;
   free(w);
   if (--g->works == 0 && g->free_pending) tt_group_destroy(g);

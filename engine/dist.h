@@ -35,6 +35,11 @@ typedef struct tt_dist_backend {
    * and frees req). Without it dist.c runs all_reduce: the work is done. */
   tt_status (*all_reduce_async)(tt_group *g, tt_tensor *t, int op, void **req);
   tt_status (*wait_coll)(tt_group *g, void *req);
+  /* Optional: a reduce-scatter and an all-gather started the same way
+   * (FSDP's overlap), ended by wait_coll; without them dist.c runs the
+   * blocking collective. */
+  tt_status (*reduce_scatter_async)(tt_group *g, const tt_tensor *in, tt_tensor *out, int op, void **req);
+  tt_status (*all_gather_async)(tt_group *g, const tt_tensor *in, tt_tensor *out, void **req);
 } tt_dist_backend;
 
 struct tt_group {

@@ -170,11 +170,9 @@ static tt_status nccl_all_reduce(tt_group *g, tt_tensor *t, int op) {
   return end(g, s);
 }
 
-/* The all-reduce without the fence out: an event on the comm stream after
- * it, which nccl_wait_coll has the compute stream wait for. */
-static tt_status nccl_all_reduce_async(tt_group *g, tt_tensor *t, int op, void **req) {
-  cudaStream_t s = NULL;
-  TT_TRY(all_reduce_start(g, t, op, &s));
+/* In place of the fence out: an event on the comm stream after the
+ * collective, which nccl_wait_coll has the compute stream wait for. */
+static tt_status async_end(cudaStream_t s, void **req) {
   cudaEvent_t e = NULL;
   CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   cudaError_t err = cudaEventRecord(e, s);
@@ -187,33 +185,63 @@ static tt_status nccl_all_reduce_async(tt_group *g, tt_tensor *t, int op, void *
   return TT_OK;
 }
 
+static tt_status nccl_all_reduce_async(tt_group *g, tt_tensor *t, int op, void **req) {
+  cudaStream_t s = NULL;
+  TT_TRY(all_reduce_start(g, t, op, &s));
+  return async_end(s, req);
+}
+
 static tt_status nccl_wait_coll(tt_group *g, void *req) {
   cudaEvent_t e = (cudaEvent_t)req;
   cudaError_t err = cudaSetDevice(g->device);
   if (err == cudaSuccess) err = cudaStreamWaitEvent((cudaStream_t)tt_cuda_stream(g->device), e, 0);
   cudaEventDestroy(e); /* (released once the collective is done) */
   if (err != cudaSuccess)
-    return tt_error_set(TT_ERR_INTERNAL, "cuda: waiting for an all-reduce failed: %s", cudaGetErrorString(err));
+    return tt_error_set(TT_ERR_INTERNAL, "cuda: waiting for a collective failed: %s", cudaGetErrorString(err));
+  return TT_OK;
+}
+
+/* The reduce-scatter and all-gather on the comm stream after the compute
+ * stream's work (*s: the comm stream), without the fence out. */
+static tt_status reduce_scatter_start(tt_group *g, const tt_tensor *in, tt_tensor *out, int op, cudaStream_t *s) {
+  ncclDataType_t dt = ncclFloat32;
+  TT_TRY(nccl_dtype(in->dtype, &dt, 1));
+  TT_TRY(begin(g, s));
+  NCCL_TRY(ncclReduceScatter(tt_tensor_data(in), tt_tensor_data(out), (size_t)tt_tensor_numel(out), dt, nccl_op(op),
+                             impl(g)->comm, *s));
+  return TT_OK;
+}
+
+static tt_status all_gather_start(tt_group *g, const tt_tensor *in, tt_tensor *out, cudaStream_t *s) {
+  ncclDataType_t dt = ncclFloat32;
+  TT_TRY(nccl_dtype(in->dtype, &dt, 0));
+  TT_TRY(begin(g, s));
+  NCCL_TRY(ncclAllGather(tt_tensor_data(in), tt_tensor_data(out), (size_t)tt_tensor_numel(in), dt, impl(g)->comm, *s));
   return TT_OK;
 }
 
 static tt_status nccl_reduce_scatter(tt_group *g, const tt_tensor *in, tt_tensor *out, int op) {
-  ncclDataType_t dt = ncclFloat32;
   cudaStream_t s = NULL;
-  TT_TRY(nccl_dtype(in->dtype, &dt, 1));
-  TT_TRY(begin(g, &s));
-  NCCL_TRY(ncclReduceScatter(tt_tensor_data(in), tt_tensor_data(out), (size_t)tt_tensor_numel(out), dt, nccl_op(op),
-                             impl(g)->comm, s));
+  TT_TRY(reduce_scatter_start(g, in, out, op, &s));
   return end(g, s);
 }
 
-static tt_status nccl_all_gather(tt_group *g, const tt_tensor *in, tt_tensor *out) {
-  ncclDataType_t dt = ncclFloat32;
+static tt_status nccl_reduce_scatter_async(tt_group *g, const tt_tensor *in, tt_tensor *out, int op, void **req) {
   cudaStream_t s = NULL;
-  TT_TRY(nccl_dtype(in->dtype, &dt, 0));
-  TT_TRY(begin(g, &s));
-  NCCL_TRY(ncclAllGather(tt_tensor_data(in), tt_tensor_data(out), (size_t)tt_tensor_numel(in), dt, impl(g)->comm, s));
+  TT_TRY(reduce_scatter_start(g, in, out, op, &s));
+  return async_end(s, req);
+}
+
+static tt_status nccl_all_gather(tt_group *g, const tt_tensor *in, tt_tensor *out) {
+  cudaStream_t s = NULL;
+  TT_TRY(all_gather_start(g, in, out, &s));
   return end(g, s);
+}
+
+static tt_status nccl_all_gather_async(tt_group *g, const tt_tensor *in, tt_tensor *out, void **req) {
+  cudaStream_t s = NULL;
+  TT_TRY(all_gather_start(g, in, out, &s));
+  return async_end(s, req);
 }
 
 static tt_status nccl_broadcast(tt_group *g, tt_tensor *t, int root) {
@@ -326,6 +354,8 @@ static const tt_dist_backend tt_nccl_backend = {
     .batch_p2p = nccl_batch_p2p,
     .all_reduce_async = nccl_all_reduce_async,
     .wait_coll = nccl_wait_coll,
+    .reduce_scatter_async = nccl_reduce_scatter_async,
+    .all_gather_async = nccl_all_gather_async,
 };
 
 const tt_dist_backend *tt_dist_backend_nccl(void) { return &tt_nccl_backend; }

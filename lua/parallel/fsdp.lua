@@ -36,6 +36,19 @@
 --
 -- HSDP: with a replicate group, the shards' gradients are then summed over
 -- the replicas (all-reduce), which hold the same shards.
+--
+-- Overlap (opts.overlap; the trainer's on nccl unless
+-- parallelism.fsdp_overlap = false), as FSDP2's: a block starting its forward starts gathering the next block's
+-- parameters (prefetch), and a block starting its backward the previous
+-- block's, so each all-gather runs while the GPU computes the block before
+-- it; a block's reduce-scatter is started at its post-backward and waited
+-- for by the backward's final callback, which then adds the shards'
+-- gradients (on nccl the collectives run on the communication stream and
+-- the compute stream waits for them only there: tt_dist_*_async). Memory:
+-- one more block's full parameters while a gather is in flight, and each
+-- block's reduced shard until the backward ends. Backends without
+-- asynchronous collectives (mpi, fake) run them at once (the same sums;
+-- nothing overlaps, so the trainer leaves it off there).
 local autograd = require("titan.autograd")
 local memory = require("titan.memory")
 local tensor = require("titan.tensor")
@@ -112,12 +125,43 @@ local function new_unit(fsdp, name, params, reshard_after_forward)
   return self
 end
 
--- The full parameters, from every rank's shards (one all-gather).
+-- Starts gathering the full parameters without waiting for them (the next
+-- block's while this one computes): unshard() then waits and unpacks. A
+-- no-op when they are there or on their way, or without overlap.
+function Unit:prefetch()
+  if self.unsharded or self.gather or not self.fsdp.overlap then return end
+  local g = self.fsdp.group
+  local all = memory.keep(tensor.empty({ g:size() * self.flat:numel() }, { dtype = self.dtype, device = self.device }))
+  local _, work = g:all_gather_async(self.flat, all)
+  self.gather = { all = all, work = work }
+  self.fsdp.stats.prefetches = self.fsdp.stats.prefetches + 1
+end
+
+-- A gather started and never used (its block did not run): waited for and
+-- released.
+function Unit:drop_prefetch()
+  local pre = self.gather
+  if not pre then return end
+  self.gather = nil
+  pre.work:wait()
+  pre.all:free()
+end
+
+-- The full parameters, from every rank's shards (one all-gather; the
+-- prefetched one when there is one).
 function Unit:unshard()
   if self.unsharded then return end
   local g, W, S = self.fsdp.group, self.fsdp.group:size(), self.S
+  local pre = self.gather
+  self.gather = nil
   autograd.no_grad(memory.scope, function()
-    local all = g:all_gather(self.flat)
+    local all
+    if pre then
+      pre.work:wait()
+      all = pre.all
+    else
+      all = g:all_gather(self.flat)
+    end
     for _, e in ipairs(self.params) do
       e.full:alloc_storage()
       local full2 = e.full:reshape(e.d0, e.rs)
@@ -128,23 +172,52 @@ function Unit:unshard()
         end
       end
     end
+    if pre then pre.all:free() end
   end)
   self.unsharded = true
   self.fsdp.stats.all_gathers = self.fsdp.stats.all_gathers + 1
 end
 
--- The full parameters' memory goes back to the allocator.
+-- The full parameters' memory goes back to the allocator (and a gather
+-- on its way, if any).
 function Unit:reshard()
+  self:drop_prefetch()
   if not self.unsharded then return end
   for _, e in ipairs(self.params) do e.full:free_storage() end
   self.unsharded = false
 end
 
+-- The reduced shard -> the shards' .grad (an all-reduce over the replicas
+-- first under HSDP).
+function Unit:add_reduced(mine, with_grad)
+  local f = self.fsdp
+  autograd.no_grad(memory.scope, function()
+    if f.replicate then f.replicate:all_reduce(mine, "sum") end
+    for _, e in ipairs(with_grad) do
+      local piece = mine:narrow(1, e.off + 1, e.rows * e.rs):reshape(e.shard:shape())
+      if e.shard.grad then e.shard.grad:add_(piece) else e.shard.grad = memory.keep(piece:clone()) end
+    end
+  end)
+end
+
+-- A reduce-scatter started by reduce_grads under overlap: waited for, and
+-- its shard added (the backward's final callback).
+function Unit:finish_reduce()
+  local red = self.reducing
+  if not red then return end
+  self.reducing = nil
+  red.work:wait()
+  self:add_reduced(red.mine, red.with_grad)
+  red.mine:free()
+end
+
 -- Full gradients -> summed shards (one reduce-scatter; an all-reduce over
 -- the replicas under HSDP), accumulated into the shards' .grad; the full
 -- gradients are freed. Every rank runs the same code, so every rank calls
--- the collective, or none does.
+-- the collective, or none does. Under overlap the reduce-scatter is only
+-- started: finish_reduce completes it.
 function Unit:reduce_grads()
+  self:finish_reduce() -- (a second backward before the final callback: the first one's in order)
   local any = false
   for _, e in ipairs(self.params) do any = any or e.full.grad ~= nil end
   if not any then return end
@@ -164,13 +237,16 @@ function Unit:reduce_grads()
         end
       end
     end
-    local mine = f.group:reduce_scatter(packed, "sum")
-    if f.replicate then f.replicate:all_reduce(mine, "sum") end
+    local with_grad = {}
     for _, e in ipairs(self.params) do
-      if e.shard and e.full.grad then
-        local piece = mine:narrow(1, e.off + 1, e.rows * e.rs):reshape(e.shard:shape())
-        if e.shard.grad then e.shard.grad:add_(piece) else e.shard.grad = memory.keep(piece:clone()) end
-      end
+      if e.shard and e.full.grad then with_grad[#with_grad + 1] = e end
+    end
+    if f.overlap then
+      local mine = memory.keep(tensor.empty({ math.max(S, 1) }, { dtype = self.dtype, device = self.device }))
+      local _, work = f.group:reduce_scatter_async(packed, "sum", mine)
+      self.reducing = { mine = mine, with_grad = with_grad, work = work }
+    else
+      self:add_reduced(f.group:reduce_scatter(packed, "sum"), with_grad)
     end
   end)
   for _, e in ipairs(self.params) do
@@ -214,6 +290,7 @@ local PreBackward = hook("fsdp_pre_backward", function(u)
   if u.phase ~= "backward" then
     u.phase = "backward"
     u:unshard()
+    if u.prev then u.prev:prefetch() end -- the block whose backward comes next
   end
 end)
 
@@ -232,6 +309,7 @@ local RootBackward = hook("fsdp_root_backward", function(f)
   if f.root.phase ~= "backward" then
     f.root.phase = "backward"
     f.root:unshard()
+    if #f.units > 1 then f.units[#f.units - 1]:prefetch() end -- the last block
     autograd.queue_callback(function() f:finish_backward() end)
   end
 end)
@@ -245,6 +323,7 @@ local function unit_method(unit, fn)
   return function(self, ...)
     if unit.busy or unit.phase == "backward" then return fn(self, ...) end
     unit:unshard()
+    if unit.next then unit.next:prefetch() end -- gathered while this block computes
     local hooks = autograd.is_enabled()
     local args = pack(...)
     if hooks then
@@ -279,10 +358,16 @@ end
 local FSDP = {}
 FSDP.__index = FSDP
 
--- Every unit the backward pass left unreduced or unsharded, root last.
+-- Every unit the backward pass left unreduced or unsharded, root last;
+-- then every reduce-scatter still in flight is waited for and added, and a
+-- gather no block used is dropped.
 function FSDP:finish_backward()
   for _, u in ipairs(self.units) do
     if u.phase == "backward" or u.unsharded then u:post_backward() end
+  end
+  for _, u in ipairs(self.units) do
+    u:finish_reduce()
+    u:drop_prefetch()
   end
 end
 
@@ -411,7 +496,8 @@ end
 
 -- group: the dp_shard ranks. opts.replicate: the dp_replicate group (HSDP)
 -- or nil; opts.reshard_after_forward: "default" (every block but the last;
--- never the root), "always" or "never". The model's parameters are either
+-- never the root), "always" or "never"; opts.overlap: prefetch the gathers
+-- and leave the reductions in flight until the backward ends (above). The model's parameters are either
 -- materialized and initialized (the same on every rank), or tensors without
 -- memory (model:to_empty(device, {params_storage = false})) and
 -- opts.init(names) initializes the named ones (a set) the same on every
@@ -425,7 +511,8 @@ function M.apply(model, group, opts)
   local layers = rawget(model, "layers")
   if not layers then error("fsdp: the model has no `layers` (its blocks) to shard one by one", 0) end
   local self = setmetatable({ model = model, group = group, replicate = opts.replicate, units = {}, order = {},
-    policy = policy, stats = { all_gathers = 0, reduce_scatters = 0 }, init = opts.init }, FSDP)
+    policy = policy, stats = { all_gathers = 0, reduce_scatters = 0, prefetches = 0 }, init = opts.init,
+    overlap = opts.overlap == true }, FSDP)
   local in_block, by_name = {}, {}
   local names = layers._children
   for i, name in ipairs(names) do
@@ -438,6 +525,8 @@ function M.apply(model, group, opts)
     end
     local reshard = policy == "always" or (policy == "default" and i < #names)
     local u = new_unit(self, prefix:sub(1, -2), params, reshard)
+    local before = self.units[#self.units]
+    if before then before.next, u.prev = u, before end
     self.units[#self.units + 1] = u
     for _, e in ipairs(u.params) do by_name[e.name] = e end
     for _, m in ipairs({ "forward", "forward_parts" }) do
@@ -458,6 +547,7 @@ function M.apply(model, group, opts)
   local forward, f = model.forward, self
   rawset(model, "forward", function(m, ...)
     f.root:unshard()
+    if #f.units > 1 then f.units[1]:prefetch() end -- the first block's, during the embedding
     local hooks = autograd.is_enabled()
     local res = pack(forward(m, ...))
     for i = 1, res.n do

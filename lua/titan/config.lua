@@ -90,6 +90,7 @@ M.defaults = {
     dp_shard = -1,
     fsdp_reshard_after_forward = "default", -- default | always | never (lua/parallel/fsdp.lua)
     ddp_overlap = true,                         -- DDP on GPUs: sum each block's gradients during the backward
+    fsdp_overlap = true,                        -- FSDP on GPUs: prefetch the gathers, reduce during the backward
     tp = 1,
     sequence_parallel = true,                   -- with tp > 1: norms and residual stream split along the sequence
     loss_parallel = true,                       -- with tp > 1: output layer split by vocabulary, loss from the slices
@@ -177,6 +178,8 @@ M.descriptions = {
     "default (every block but the last frees its gathered parameters after its forward), always or never",
   ["parallelism.ddp_overlap"] =
     "DDP on GPUs: sum each block's gradients as soon as its backward is done, overlapping the rest (false: after it)",
+  ["parallelism.fsdp_overlap"] =
+    "FSDP on GPUs: gather the next block's parameters and reduce each block's gradients while the GPU computes",
   ["parallelism.tp"] = "tensor-parallel degree: each block's heads and feed-forward split over tp ranks",
   ["parallelism.sequence_parallel"] =
     "with tp > 1, split the norms and the residual stream along the sequence (Megatron's SP; seq_len % tp == 0)",

@@ -108,15 +108,20 @@ function Group:all_gather(t, out)
   return out
 end
 
-function Group:reduce_scatter(t, op, out)
-  if not out then
-    local shape = t:shape()
-    if shape[1] % self:size() ~= 0 then
-      error(("reduce_scatter: dim 0 of %s is not divisible by %d ranks"):format(tensor.shape_str(shape), self:size()), 2)
-    end
-    shape[1] = shape[1] / self:size()
-    out = tensor.empty(shape, { dtype = t:dtype(), device = t:device() })
+-- The output of reducing t over the group's ranks and keeping this rank's
+-- part: dim 0 divided by the group's size (an error naming `what` when it
+-- does not divide).
+local function scattered(g, t, what)
+  local shape = t:shape()
+  if shape[1] % g:size() ~= 0 then
+    error(("%s: dim 0 of %s is not divisible by %d ranks"):format(what, tensor.shape_str(shape), g:size()), 3)
   end
+  shape[1] = shape[1] / g:size()
+  return tensor.empty(shape, { dtype = t:dtype(), device = t:device() })
+end
+
+function Group:reduce_scatter(t, op, out)
+  out = out or scattered(self, t, "reduce_scatter")
   check(C.tt_dist_reduce_scatter(self._c, tensor.cptr(t), tensor.cptr(out), red(op)), 2)
   return out
 end
@@ -175,6 +180,22 @@ function Group:all_reduce_async(t, op)
   local out = ffi.new("tt_work*[1]")
   check(C.tt_dist_all_reduce_async(self._c, tensor.cptr(t), red(op), out), 2)
   return setmetatable({ _c = ffi.gc(out[0], C.tt_work_wait) }, Work)
+end
+-- A reduce-scatter and an all-gather started as all_reduce_async (FSDP's
+-- overlap): they return out (made here when not given) and the work; out
+-- holds the result for kernels after work:wait(), and neither t nor out may
+-- be touched until then. mpi runs them at once.
+function Group:reduce_scatter_async(t, op, out)
+  out = out or scattered(self, t, "reduce_scatter_async")
+  local w = ffi.new("tt_work*[1]")
+  check(C.tt_dist_reduce_scatter_async(self._c, tensor.cptr(t), tensor.cptr(out), red(op), w), 2)
+  return out, setmetatable({ _c = ffi.gc(w[0], C.tt_work_wait) }, Work)
+end
+function Group:all_gather_async(t, out)
+  out = out or with_dim0(t, self:size())
+  local w = ffi.new("tt_work*[1]")
+  check(C.tt_dist_all_gather_async(self._c, tensor.cptr(t), tensor.cptr(out), w), 2)
+  return out, setmetatable({ _c = ffi.gc(w[0], C.tt_work_wait) }, Work)
 end
 function Work:wait()
   local c = self._c

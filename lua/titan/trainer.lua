@@ -378,7 +378,9 @@ function M.new(cfg, opts)
       rep = self.dp:split(self.dp_rank % self.dp_shard, self.dp_rank)
     end
     local fsdp = require("parallel.fsdp")
-    local opts = { replicate = rep, reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward, init = init }
+    -- (on nccl the gathers and reductions overlap computation; mpi's block, so there is nothing to gain)
+    local opts = { replicate = rep, reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward, init = init,
+      overlap = self.dp:backend() == "nccl" and cfg.parallelism.fsdp_overlap }
     if self.pipe then -- (each stage sharded on its own, over the same ranks: PP x FSDP)
       local each = {}
       for i, st in ipairs(self.pipe.stages) do
@@ -389,6 +391,7 @@ function M.new(cfg, opts)
     else
       self.fsdp = fsdp.apply(model, shard, opts)
     end
+    self.fsdp_overlap = opts.overlap
   end
   -- DDP on GPUs: each block's gradients summed during the backward, on the
   -- communication stream (lua/parallel/ddp.lua). (mpi's collectives block:
@@ -584,8 +587,10 @@ function Trainer:banner()
       :format(self.dp_replicate) or ""
     self.print(("data parallel over %s: %d ranks, FSDP over %d shards%s: each rank keeps %s of the parameters (and "
       .. "that share of gradients and optimizer state), a block's full parameters only while it runs (reshard "
-      .. "after forward: %s)%s; tps and MFU are per rank"):format(over, self.dp_size, self.dp_shard, rep,
-      ("%.1f MiB"):format(self.fsdp:sharded_bytes() / 2 ^ 20), self.cfg.parallelism.fsdp_reshard_after_forward, each))
+      .. "after forward: %s)%s%s; tps and MFU are per rank"):format(over, self.dp_size, self.dp_shard, rep,
+      ("%.1f MiB"):format(self.fsdp:sharded_bytes() / 2 ^ 20), self.cfg.parallelism.fsdp_reshard_after_forward,
+      self.fsdp_overlap and ("; on the communication stream, the next block's parameters gathered while one "
+        .. "computes and each block's gradients reduced during the backward") or "", each))
   elseif self.dp then
     self.print(("data parallel over %s: %d ranks (DDP: %s)%s; tps and MFU are per rank"):format(over, self.dp_size,
       self.ddp and "each block's gradients summed during the backward, on the communication stream"

@@ -72,7 +72,7 @@ end
 describe("the nccl backend across processes", function()
   it("every collective at world 3, each rank on its own GPU; Lua values through the MPI host group", function()
     if not mpi then return pending(NO_MPI) end
-    sh.worker_ok("TITAN_CUEMU=1 TITAN_CUEMU_DEVICES=3 TITAN_WORKER_BACKEND=nccl ", exe, 3, 31)
+    sh.worker_ok("TITAN_CUEMU=1 TITAN_CUEMU_DEVICES=3 TITAN_WORKER_BACKEND=nccl ", exe, 3, 33)
   end)
 end)
 
@@ -99,7 +99,20 @@ describe("training on several GPUs over NCCL", function()
       { "DDP, deferred streams in reverse", { "--training.local_batch_size=2", "--parallelism.dp_replicate=2",
         "--parallelism.dp_shard=1" }, "DDP: 6 of 6 blocks' gradient sums started during the backward", nil,
         "TITAN_CUEMU_STREAMS=deferred TITAN_CUEMU_ORDER=reverse " },
-      { "FSDP", { "--training.local_batch_size=2" }, "data parallel over NCCL: 2 ranks, FSDP over 2 shards" },
+      { "FSDP", { "--training.local_batch_size=2" }, "data parallel over NCCL: 2 ranks, FSDP over 2 shards",
+        "the next block's parameters gathered while one computes and each block's gradients reduced during the "
+        .. "backward" },
+      { "FSDP, collectives in line", { "--training.local_batch_size=2", "--parallelism.fsdp_overlap=false" },
+        "(reshard after forward: default); tps and MFU are per rank" },
+      -- the gathers prefetched and the reductions waited for at the end, with each stream's work deferred in
+      -- both orders: a block that did not wait for its gather would compute with the memory the allocator
+      -- gave it (cuemu: 0xff bytes), an update that did not wait for the reductions would read stale shards;
+      -- reshard always (a gather before each backward too), 2 micro-batches, checkpointed blocks
+      { "FSDP, deferred streams, reshard always, 2 micro-batches, full AC", { "--training.local_batch_size=1",
+        "--training.global_batch_tokens=128", "--parallelism.fsdp_reshard_after_forward=always",
+        "--activation_checkpoint.mode=full" }, "FSDP over 2 shards", nil, "TITAN_CUEMU_STREAMS=deferred " },
+      { "FSDP, deferred streams in reverse", { "--training.local_batch_size=2" }, "FSDP over 2 shards", nil,
+        "TITAN_CUEMU_STREAMS=deferred TITAN_CUEMU_ORDER=reverse " },
       { "TP", { "--training.local_batch_size=4", "--parallelism.tp=2" }, "tensor parallel: 2 ranks" },
     }
     for _, c in ipairs(cases) do

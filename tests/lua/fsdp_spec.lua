@@ -64,7 +64,7 @@ local function grads(opts)
   local sharded
   if opts.fsdp then
     sharded = fsdp.apply(model, dist.new_group({ backend = "fake", rank = 0, world = 1 }),
-      { reshard_after_forward = opts.fsdp })
+      { reshard_after_forward = opts.fsdp, overlap = opts.overlap })
   end
   local ids = ids_batch()
   for _ = 1, opts.micro or 1 do -- gradient accumulation: the shards' .grad adds up
@@ -117,6 +117,41 @@ describe("FSDP at world 1 (fake backend)", function()
       end
       sharded:free(); model:free()
     end
+  end)
+
+  -- Overlap (the trainer's on nccl): the fake backend runs the asynchronous collectives at once, so
+  -- this checks the bookkeeping (which gathers are prefetched and consumed, the reductions finished by
+  -- the final callback); multi_gpu_spec checks the streams.
+  it("with overlap: the same gradients bit for bit; each gather prefetched once, none left in flight", function()
+    local plain = grads({})
+    -- forward: the root starts block 0's gather, blocks 0 and 1 the next one's; backward: the root the
+    -- last block's, blocks 2 and 1 the one before (each only when that block was resharded)
+    for policy, want in pairs({ default = { 4 + 2, 3 + 2 }, always = { 4 + 3, 3 + 3 }, never = { 4, 3 } }) do
+      local g, sharded, model = grads({ fsdp = policy, overlap = true })
+      assert.are.same(plain, g, policy)
+      assert.are.equal(want[1], sharded.stats.all_gathers, policy)
+      assert.are.equal(want[2], sharded.stats.prefetches, policy)
+      assert.are.equal(4, sharded.stats.reduce_scatters, policy)
+      for _, u in ipairs(sharded.units) do
+        assert.is_nil(u.gather, u.name .. ": a gather left in flight")
+        assert.is_nil(u.reducing, u.name .. ": a reduction left in flight")
+      end
+      for _, np in ipairs(model:named_parameters()) do assert.is_false(np[2]:has_storage(), np[1]) end
+      sharded:free(); model:free()
+    end
+    local g_ac, sharded, model = grads({ fsdp = "default", ac = "full", overlap = true })
+    assert.are.same(plain, g_ac, "full AC")
+    sharded:free(); model:free()
+    local plain2 = grads({ fsdp = "always", micro = 2 })
+    local g2
+    g2, sharded, model = grads({ fsdp = "always", micro = 2, overlap = true })
+    assert.are.same(plain2, g2, "2 micro-batches")
+    -- without recording: every block's gather consumed or dropped, every parameter freed again
+    local ids = ids_batch()
+    titan.no_grad(function() titan.scope(function() return model(ids) end) end)
+    for _, u in ipairs(sharded.units) do assert.is_nil(u.gather, u.name) end
+    for _, np in ipairs(model:named_parameters()) do assert.is_false(np[2]:has_storage(), np[1]) end
+    ids:free(); sharded:free(); model:free()
   end)
 
   it("without recording, the forward frees every parameter again; a sharded one used outside is an error", function()

@@ -80,6 +80,18 @@ same("reduce_scatter sum", part:tolist_flat(), { n * r + sum_of(function(q) retu
 part = g:reduce_scatter(titan.tensor(full, on({ dtype = "float32" })), "avg")
 same("reduce_scatter avg", part:tolist_flat(), { r + sum_of(function(q) return q end) / n, 1 }, 1e-6)
 
+-- all_gather_async and reduce_scatter_async (FSDP's overlap): started, another collective meanwhile, then
+-- waited for
+local gathered, wg = g:all_gather_async(mine)
+local scattered, wr = g:reduce_scatter_async(titan.tensor(full, on({ dtype = "float32" })), "sum")
+local between = titan.tensor({ r }, on({ dtype = "float32" }))
+g:all_reduce(between, "sum")
+wg:wait()
+wr:wait()
+same("all_gather_async", gathered:tolist_flat(), want)
+same("reduce_scatter_async", { scattered:tolist_flat()[1], scattered:tolist_flat()[2], between:item() },
+  { n * r + sum_of(function(q) return q end), n, sum_of(function(q) return q end) })
+
 -- broadcast from the last rank
 local b = titan.tensor({ r, r, r }, on({ dtype = "int64" }))
 g:broadcast(b, n - 1)
