@@ -111,8 +111,30 @@ static int tt_pcall(lua_State *L, int nargs) {
   return st;
 }
 
+/* os.tmpname under TITAN_TEST_TMPDIR (mkstemp there, as LuaJIT's does in
+ * /tmp): `titan test` points it at build/test-tmp, which it empties before
+ * the suite and removes after a passing one, so the specs' dump folders and
+ * checkpoints (gigabytes a run) do not pile up in /tmp. */
+static int tt_test_tmpname(lua_State *L) {
+  char path[PATH_MAX];
+  int n = snprintf(path, sizeof path, "%s/lua_XXXXXX", getenv("TITAN_TEST_TMPDIR"));
+  if (n < 0 || n >= (int)sizeof path) return luaL_error(L, "TITAN_TEST_TMPDIR is too long");
+  int fd = mkstemp(path);
+  if (fd < 0) return luaL_error(L, "unable to make a temporary file under TITAN_TEST_TMPDIR: %s", strerror(errno));
+  close(fd);
+  lua_pushstring(L, path);
+  return 1;
+}
+
 static void tt_setup(lua_State *L, int argc, char **argv, int script_index) {
   luaL_openlibs(L);
+  const char *test_tmp = getenv("TITAN_TEST_TMPDIR");
+  if (test_tmp && *test_tmp) {
+    lua_getglobal(L, "os");
+    lua_pushcfunction(L, tt_test_tmpname);
+    lua_setfield(L, -2, "tmpname");
+    lua_pop(L, 1);
+  }
   /* package.path: our lua/ first, then the system's (busted, penlight). */
   lua_getglobal(L, "package");
   lua_getfield(L, -1, "path");
@@ -253,12 +275,17 @@ int main(int argc, char **argv) {
   if (!strncmp(argv[1], "--nproc=", 8)) return tt_launch(argc, argv, argv[1] + 8, 2);
   tt_find_root();
   if (!strcmp(argv[1], "test")) {
-    /* Build first (a no-op when nothing changed), then ctest. */
-    char cmd[PATH_MAX * 2 + 512];
+    /* Build first (a no-op when nothing changed), then ctest, the specs'
+     * temporary files under build/test-tmp (tt_test_tmpname): emptied
+     * first, removed when every test passed, kept for a look otherwise. */
+    char cmd[PATH_MAX * 4 + 1024];
     int n = snprintf(cmd, sizeof cmd,
-                     "cmake --build '%s' --parallel >/dev/null && ctest --test-dir '%s' --output-on-failure",
-                     TITAN_BUILD_DIR, TITAN_BUILD_DIR);
-    for (int i = 2; i < argc && n < (int)sizeof cmd - 4; i++) n += snprintf(cmd + n, sizeof cmd - n, " '%s'", argv[i]);
+                     "cmake --build '%s' --parallel >/dev/null && rm -rf '%s/test-tmp' && mkdir -p '%s/test-tmp' && "
+                     "TITAN_TEST_TMPDIR='%s/test-tmp' ctest --test-dir '%s' --output-on-failure",
+                     TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR);
+    for (int i = 2; i < argc && n < (int)sizeof cmd - 64; i++) n += snprintf(cmd + n, sizeof cmd - n, " '%s'", argv[i]);
+    if (n < (int)sizeof cmd - 64)
+      snprintf(cmd + n, sizeof cmd - n, " && rm -rf '%s/test-tmp'", TITAN_BUILD_DIR);
     int rc = system(cmd);
     return rc == -1 ? 1 : (WIFEXITED(rc) ? WEXITSTATUS(rc) : 1);
   }

@@ -22,6 +22,26 @@ describe("titan executable", function()
     assert.truthy(out:find("2\thello\t3"), out)
   end)
 
+  -- `titan test` points TITAN_TEST_TMPDIR at build/test-tmp so the specs' scratch does not pile up in /tmp
+  it("os.tmpname makes its files under TITAN_TEST_TMPDIR when it is set; a missing one is one error line",
+    function()
+      local sh = dofile("tests/lua/shell.lua")
+      local dir = sh.tmpdir()
+      local out, rc = run("TITAN_TEST_TMPDIR=" .. sh.quote(dir) .. " " .. exe
+        .. [[ -e 'local a, b = os.tmpname(), os.tmpname(); print(a, b, io.open(a) ~= nil, a ~= b)']])
+      assert.are.equal(0, rc, out)
+      local a, b, exists, differ = out:match("^(%S+)	(%S+)	(%S+)	(%S+)")
+      assert.are.equal(dir .. "/lua_", a:sub(1, #dir + 5), out)
+      assert.are.equal(dir .. "/lua_", b:sub(1, #dir + 5), out)
+      assert.are.equal("true", exists, out)
+      assert.are.equal("true", differ, out)
+      os.execute("rm -rf " .. sh.quote(dir))
+      out, rc = run("TITAN_TEST_TMPDIR=" .. sh.quote(dir) .. " " .. exe .. [[ -e 'os.tmpname()']])
+      assert.are_not.equal(0, rc)
+      assert.truthy(out:find("unable to make a temporary file under TITAN_TEST_TMPDIR: No such file or directory", 1,
+        true), out)
+    end)
+
   it("repl evaluates, prints, and keeps going after errors", function()
     local out, rc = run("printf 'x = titan.ones(2)\\nx:sum():item()\\nnosuch.thing()\\nfor i = 1, 2 do\\n  print(i * 10)\\nend\\n1 + 1\\n' | "
       .. exe .. " repl")
