@@ -423,7 +423,8 @@ local function lean_bench(rows, hidden, vocab, heads, head_dim, dt, plan)
       local tf = time_it(fwd, reps_for(fwd, 0.05), 5, 2)
       local tb = time_it(bwd, reps_for(bwd, 0.05), 5, 2)
       local bytes, shape = rows * vocab * esize(dt), ("%dx%d"):format(rows, vocab)
-      mem_row({ kernel = "cross_entropy fwd" .. note, dtype = dt, shape = shape, ms = tf * 1e3, gbps = bytes / tf / 1e9 })
+      mem_row({ kernel = "cross_entropy fwd" .. note, dtype = dt, shape = shape, ms = tf * 1e3,
+        gbps = bytes / tf / 1e9 })
       mem_row({ kernel = "cross_entropy bwd" .. note, dtype = dt, shape = shape, ms = tb * 1e3,
         gbps = 2 * bytes / tb / 1e9 })
     end)

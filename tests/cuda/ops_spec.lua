@@ -828,7 +828,9 @@ describe("cuda ops: swiglu's, cross-entropy's and rope's plans (TITAN_CUDA_{SWIG
   for _, v in ipairs({ "lean", "exact" }) do
     it(v .. ": swiglu forward, backward and in place within bf16's tolerance; a ragged tail (n % 8) too",
       H.scoped(function()
-        for k, shape in ipairs({ { 64, 1024 }, { 7, 33 }, { 3, 8 }, { 1, 5 } }) do swiglu_case(shape, 600 + 10 * k, v) end
+        for k, shape in ipairs({ { 64, 1024 }, { 7, 33 }, { 3, 8 }, { 1, 5 } }) do
+          swiglu_case(shape, 600 + 10 * k, v)
+        end
       end))
     it(v .. ": cross-entropy forward and backward (in place too) within tolerance, a 128k vocabulary too",
       H.scoped(function()

@@ -107,6 +107,9 @@ describe("the fused kernels' 16-byte accesses (cuemu's chunk counts)", function(
         assert.truthy(c, k .. " ran in the step")
         assert.truthy(c.vector > 0, k .. " took the vector path")
       end
+      if case.exact then
+        for k in pairs(t) do assert.is_nil(k:find("_lean"), k .. " ran with every plan at exact") end
+      end
       -- Nor a pass of its own to sum an activation's gradients: the normed
       -- input of q, k and v and of SwiGLU's gate and up takes its second
       -- and later parts inside the GEMM (beta = 1), the residual stream
