@@ -698,6 +698,15 @@ tt_status tt_dist_all_gather_async(tt_group *g, const tt_tensor *in, tt_tensor *
  * and the sends' tensors may change. */
 tt_status tt_dist_batch_p2p(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
                             const int *tags);
+/* tt_dist_batch_p2p started and not waited for (pipeline schedules on nccl:
+ * a rank posts the receives of messages it needs several steps later, and
+ * its next computation must not wait for them). The work keeps references
+ * to every ts[i]; a sent tensor must not change and a received one must not
+ * be read until tt_work_wait, which on nccl makes the compute stream's
+ * later work wait for the whole batch (no host wait). Backends without it
+ * (mpi) run tt_dist_batch_p2p at once and their wait returns. */
+tt_status tt_dist_batch_p2p_async(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
+                                  const int *tags, tt_work **out);
 /* On the way out of a process: finalizes MPI if a group started it and
  * the run succeeded (a failed rank exits without it, so the launcher stops
  * the job rather than wait for it). A no-op otherwise. */

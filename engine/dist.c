@@ -3,6 +3,7 @@
  * Backends (dist.h) do the communication: "fake" here, "nccl" in
  * dist_nccl.c, "mpi" (CPU tensors across processes) in dist_mpi.c.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -180,6 +181,8 @@ tt_status tt_dist_barrier(tt_group *g) { return g->be->barrier(g); }
 struct tt_work {
   tt_group *g;
   tt_tensor *t, *t2; /* kept alive until the work completes (t2: a collective's output, or NULL) */
+  tt_tensor **held;  /* a batch's tensors (nheld of them), kept alive the same way */
+  int nheld;
   void *req;         /* the backend's; NULL when the work already completed */
   int coll;          /* a collective (wait_coll), else a send (wait) */
 };
@@ -283,20 +286,60 @@ tt_status tt_work_wait(tt_work *w) {
   else if (w->req && w->g->be->wait) st = w->g->be->wait(w->g, w->req);
   tt_tensor_release(w->t);
   if (w->t2) tt_tensor_release(w->t2);
+  for (int i = 0; i < w->nheld; i++) tt_tensor_release(w->held[i]);
+  free(w->held);
   tt_group *g = w->g;
   free(w);
   if (--g->works == 0 && g->free_pending) tt_group_destroy(g);
   return st;
 }
 
-tt_status tt_dist_batch_p2p(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
-                            const int *tags) {
-  if (n < 0) return tt_error_set(TT_ERR_INVALID, "batch_p2p: %d operations", n);
+static tt_status tt_chk_batch(const char *name, tt_group *g, int n, const int *is_send, tt_tensor *const *ts,
+                              const int *peers, const int *tags) {
+  if (n < 0) return tt_error_set(TT_ERR_INVALID, "%s: %d operations", name, n);
+  char op[64];
   for (int i = 0; i < n; i++) {
-    const char *op = is_send[i] ? "batch_p2p send" : "batch_p2p recv";
+    snprintf(op, sizeof op, "%s %s", name, is_send[i] ? "send" : "recv");
     TT_TRY(tt_chk_peer(op, g, peers[i], tags[i]));
     TT_TRY(tt_chk_coll(op, g, ts[i]));
   }
+  return TT_OK;
+}
+
+tt_status tt_dist_batch_p2p_async(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
+                                  const int *tags, tt_work **out) {
+  *out = NULL;
+  TT_TRY(tt_chk_batch("batch_p2p_async", g, n, is_send, ts, peers, tags));
+  tt_work *w = calloc(1, sizeof *w);
+  tt_tensor **held = calloc((size_t)(n > 0 ? n : 1), sizeof *held);
+  if (!w || !held) {
+    free(w);
+    free(held);
+    return tt_error_set(TT_ERR_OOM, "batch_p2p_async: out of host memory");
+  }
+  w->g = g;
+  w->coll = 1;
+  tt_status st = g->be->batch_p2p_async ? g->be->batch_p2p_async(g, n, is_send, ts, peers, tags, &w->req)
+                                        : tt_dist_batch_p2p(g, n, is_send, ts, peers, tags);
+  if (st != TT_OK) {
+    free(held);
+    free(w);
+    return st;
+  }
+  for (int i = 0; i < n; i++) {
+    tt_tensor_retain(ts[i]);
+    held[i] = ts[i];
+  }
+  w->held = held;
+  w->nheld = n;
+  g->works++;
+  *out = w;
+  return TT_OK;
+}
+
+tt_status tt_dist_batch_p2p(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
+                            const int *tags) {
+  TT_TRY(tt_chk_batch("batch_p2p", g, n, is_send, ts, peers, tags));
   if (g->be->batch_p2p) return g->be->batch_p2p(g, n, is_send, ts, peers, tags);
   /* sends started first, so that no receive waits on a send of this rank */
   tt_work **works = calloc((size_t)(n > 0 ? n : 1), sizeof *works);

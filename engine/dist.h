@@ -40,6 +40,10 @@ typedef struct tt_dist_backend {
    * blocking collective. */
   tt_status (*reduce_scatter_async)(tt_group *g, const tt_tensor *in, tt_tensor *out, int op, void **req);
   tt_status (*all_gather_async)(tt_group *g, const tt_tensor *in, tt_tensor *out, void **req);
+  /* Optional: batch_p2p started the same way, ended by wait_coll; without it
+   * dist.c runs the blocking batch_p2p. */
+  tt_status (*batch_p2p_async)(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
+                               const int *tags, void **req);
 } tt_dist_backend;
 
 struct tt_group {

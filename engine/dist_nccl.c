@@ -303,31 +303,46 @@ static tt_status nccl_recv(tt_group *g, tt_tensor *t, int peer, int tag) {
 }
 
 /* One group on the communication stream: NCCL progresses its sends and
- * receives together, so neighbours that send to each other at once meet. */
-static tt_status nccl_batch_p2p(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
-                                const int *tags) {
-  (void)tags;
-  cudaStream_t s = NULL;
+ * receives together, so neighbours that send to each other at once meet.
+ * Without the fence out (*s: the comm stream). */
+static tt_status batch_p2p_start(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
+                                 cudaStream_t *s) {
   for (int i = 0; i < n; i++) {
     ncclDataType_t dt;
     TT_TRY(nccl_dtype(ts[i]->dtype, &dt, 0));
   }
-  TT_TRY(begin(g, &s));
+  TT_TRY(begin(g, s));
   NCCL_TRY(ncclGroupStart());
   ncclResult_t r = ncclSuccess;
   for (int i = 0; i < n && r == ncclSuccess; i++) {
     ncclDataType_t dt = ncclFloat32;
     (void)nccl_dtype(ts[i]->dtype, &dt, 0);
     const size_t count = (size_t)tt_tensor_numel(ts[i]);
-    r = is_send[i] ? ncclSend(tt_tensor_data(ts[i]), count, dt, peers[i], impl(g)->comm, s)
-                   : ncclRecv(tt_tensor_data(ts[i]), count, dt, peers[i], impl(g)->comm, s);
+    r = is_send[i] ? ncclSend(tt_tensor_data(ts[i]), count, dt, peers[i], impl(g)->comm, *s)
+                   : ncclRecv(tt_tensor_data(ts[i]), count, dt, peers[i], impl(g)->comm, *s);
   }
   ncclResult_t end_r = ncclGroupEnd();
   if (r != ncclSuccess)
     return tt_error_set(TT_ERR_INTERNAL, "nccl: batch_p2p: ncclSend/ncclRecv failed: %s", ncclGetErrorString(r));
   if (end_r != ncclSuccess)
     return tt_error_set(TT_ERR_INTERNAL, "nccl: batch_p2p: ncclGroupEnd failed: %s", ncclGetErrorString(end_r));
+  return TT_OK;
+}
+
+static tt_status nccl_batch_p2p(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
+                                const int *tags) {
+  (void)tags;
+  cudaStream_t s = NULL;
+  TT_TRY(batch_p2p_start(g, n, is_send, ts, peers, &s));
   return end(g, s);
+}
+
+static tt_status nccl_batch_p2p_async(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
+                                      const int *tags, void **req) {
+  (void)tags;
+  cudaStream_t s = NULL;
+  TT_TRY(batch_p2p_start(g, n, is_send, ts, peers, &s));
+  return async_end(s, req);
 }
 
 static tt_status nccl_barrier(tt_group *g) {
@@ -356,6 +371,7 @@ static const tt_dist_backend tt_nccl_backend = {
     .wait_coll = nccl_wait_coll,
     .reduce_scatter_async = nccl_reduce_scatter_async,
     .all_gather_async = nccl_all_gather_async,
+    .batch_p2p_async = nccl_batch_p2p_async,
 };
 
 const tt_dist_backend *tt_dist_backend_nccl(void) { return &tt_nccl_backend; }

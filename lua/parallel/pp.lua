@@ -22,7 +22,9 @@
 -- not wait (isend) and receives do, so a schedule runs when every receive
 -- is eventually matched: M.check proves that by running all ranks' lists
 -- against each other before the first step, so a schedule that would hang
--- is one line at start-up, not a job that never moves.
+-- is one line at start-up, not a job that never moves. On NCCL, whose
+-- sends wait for their receivers, the lists run in steps every rank counts
+-- alike (M.steps), each message sent and received in one step.
 local titan = require("titan")
 local memory = require("titan.memory")
 local nn = titan.nn
@@ -177,7 +179,7 @@ end
 -- micro-batch order) and check that all of it runs: each forward and
 -- backward of every stage and micro-batch exactly once, a backward after
 -- its forward. Returns nil, or a line saying what would go wrong.
--- nccl: also as the batches of Pipeline:step run on NCCL (M.check_nccl).
+-- nccl: also in the steps Pipeline:step runs on NCCL (M.steps).
 function M.check(layout, all, nmb, nccl)
   local P, S = layout.P, layout.S
   local owner = function(s) return s % P end
@@ -245,100 +247,124 @@ function M.check(layout, all, nmb, nccl)
       end
     end
   end
-  if nccl then return M.check_nccl(layout, all) end
+  if nccl then return M.check_steps(layout, M.steps(layout, all)) end
 end
 
--- The same lists run as Pipeline:step runs them on NCCL: a rank's sends
--- wait until its next receive and are posted with it as one batch (the
--- rest at the end), and a batch completes only when each of its operations
--- has met its partner, the sends too; a receive meets the first message
--- not yet taken that its sender posted to it (NCCL matches a pair of ranks'
--- messages in order, not by tag). Returns nil, or a line saying what would
--- go wrong. (A check that passes on MPI, whose sends never wait, may not
--- pass here: a rank blocked on its batch waits for its sends' receivers.)
-function M.check_nccl(layout, all)
-  local P, S = layout.P, layout.S
-  local owner = function(s) return s % P end
-  local posted = {} -- [from .. ">" .. to] = { sends = {op...}, recvs = {op...} } in the order posted
-  local function pair(from, to)
-    local k = from .. ">" .. to
-    posted[k] = posted[k] or { sends = {}, recvs = {} }
-    return posted[k]
-  end
-  -- op: { send = bool, peer, tag, mb, index in its pair's list }
-  local function post(r, op)
-    local q = op.send and pair(r, op.peer) or pair(op.peer, r)
-    local list = op.send and q.sends or q.recvs
-    list[#list + 1] = op
-    op.q, op.k, op.rank = q, #list, r
-  end
-  local function met(op)
-    local other = (op.send and op.q.recvs or op.q.sends)[op.k]
-    if not other then return false end
-    local s, rv = op.send and op or other, op.send and other or op
-    if s.tag ~= rv.tag or s.mb ~= rv.mb then
-      return nil, ("rank %d's receive of %s micro-batch %d from rank %d would take %s micro-batch %d (NCCL matches a "
-        .. "pair's messages in the order sent)"):format(rv.rank, rv.tag, rv.mb, s.rank, s.tag, s.mb)
+-- The message an action sends (nil for none): { to = rank, stage = s (the
+-- stage it goes into), op = "F" | "B", mb }, and the one it receives.
+local function outgoing(layout, a)
+  if a.op == "F" and a.stage < layout.S - 1 then return { to = (a.stage + 1) % layout.P, stage = a.stage + 1 } end
+  if a.op == "B" and a.stage > 0 then return { to = (a.stage - 1) % layout.P, stage = a.stage - 1 } end
+end
+local function incoming(layout, a)
+  if a.op == "F" and a.stage > 0 then return (a.stage - 1) % layout.P end
+  if a.op == "B" and a.stage < layout.S - 1 then return (a.stage + 1) % layout.P end
+end
+
+-- The lists in steps that every rank counts alike, as Pipeline:step runs
+-- them on NCCL (PyTorch's multi-stage schedules do the same). NCCL's sends
+-- wait for their receivers and a pair of ranks' messages match in the order
+-- sent, so each message is sent and received in the same step: an action
+-- runs at the first step after this rank's previous action and after the
+-- step its input was sent in; after it, the rank posts one batch with the
+-- message it sends (at most one) and the receives of the messages its
+-- neighbours send in that step (at most one from each), long before it may
+-- need them. A batch of step t completes once every rank has posted its
+-- batch of step t, and a rank posts that after its action of step t, whose
+-- input came in a batch of an earlier step: so, by induction on t, every
+-- batch completes and no schedule that runs at all (M.check) hangs.
+-- Returns [r] = list of { t, action (or nil), send = { to, tag, mb } or nil,
+-- recvs = list of { from, tag, mb } }, in step order; tags are "F:s" / "B:s"
+-- (into stage s), as in M.check.
+function M.steps(layout, all)
+  local P = layout.P
+  local sent_at, last, pos, at = {}, {}, {}, {}
+  for r = 0, P - 1 do last[r], pos[r], at[r] = -1, 1, {} end
+  local function step_of(r, t)
+    local st = at[r][t]
+    if not st then
+      st = { t = t, recvs = {} }
+      at[r][t] = st
     end
-    return true
+    return st
   end
-  local pos, pending, batch, finished, got = {}, {}, {}, {}, {}
-  for r = 0, P - 1 do pos[r], pending[r] = 1, {} end
-  local function issue(r, recv)
-    local ops = pending[r]
-    pending[r] = {}
-    if recv then ops[#ops + 1] = recv end
-    for _, op in ipairs(ops) do post(r, op) end
-    batch[r] = ops
-  end
-  local left = P
+  local left = 0
+  for r = 0, P - 1 do left = left + #all[r] end
   while left > 0 do
     local moved = false
     for r = 0, P - 1 do
-      while not finished[r] do
-        if batch[r] then
-          for _, op in ipairs(batch[r]) do
-            local ok, why = met(op)
-            if ok == nil then return why end
-            if not ok then goto blocked end
-          end
-          batch[r], moved = nil, true
-          if pos[r] > #all[r] then finished[r], left = true, left - 1 end
+      local a = all[r][pos[r]]
+      while a do
+        local t = last[r] + 1
+        if incoming(layout, a) then
+          local s = sent_at[a.op .. ":" .. a.stage .. ":" .. a.mb]
+          if not s then break end
+          t = math.max(t, s + 1)
         end
-        local a = all[r][pos[r]]
-        if not a then
-          if #pending[r] > 0 then issue(r) else finished[r], left, moved = true, left - 1, true end
-        else
-          local wants = a.op == "F" and a.stage > 0 or a.op == "B" and a.stage < S - 1
-          local tag = a.op == "F" and "F:" .. a.stage or "B:" .. a.stage
-          if wants and not got[r] then
-            got[r] = true -- (the action runs once its batch completes)
-            issue(r, { send = false, peer = owner(a.op == "F" and a.stage - 1 or a.stage + 1), tag = tag, mb = a.mb })
-          else
-            got[r] = nil
-            if a.op == "F" and a.stage < S - 1 then
-              local p = pending[r]
-              p[#p + 1] = { send = true, peer = owner(a.stage + 1), tag = "F:" .. (a.stage + 1), mb = a.mb }
-            elseif a.op == "B" and a.stage > 0 then
-              local p = pending[r]
-              p[#p + 1] = { send = true, peer = owner(a.stage - 1), tag = "B:" .. (a.stage - 1), mb = a.mb }
-            end
-            pos[r], moved = pos[r] + 1, true
-          end
+        step_of(r, t).action = a
+        local out = outgoing(layout, a)
+        if out then
+          local tag = a.op .. ":" .. out.stage
+          sent_at[tag .. ":" .. a.mb] = t
+          step_of(r, t).send = { to = out.to, tag = tag, mb = a.mb }
+          local rv = step_of(out.to, t).recvs
+          rv[#rv + 1] = { from = r, tag = tag, mb = a.mb }
         end
+        last[r], pos[r], left, moved = t, pos[r] + 1, left - 1, true
+        a = all[r][pos[r]]
       end
-      ::blocked::
     end
-    if not moved then
-      local at = {}
-      for r = 0, P - 1 do
-        local a = all[r][pos[r]]
-        if not finished[r] then
-          at[#at + 1] = a and ("rank %d at %s%d:%d"):format(r, a.op, a.stage, a.mb)
-            or ("rank %d at its last sends"):format(r)
+    if not moved then return nil end -- (M.check says where)
+  end
+  local out = {}
+  for r = 0, P - 1 do
+    local list = {}
+    for _, st in pairs(at[r]) do list[#list + 1] = st end
+    table.sort(list, function(x, y) return x.t < y.t end)
+    out[r] = list
+  end
+  return out
+end
+
+-- What the induction in M.steps rests on, checked on its result: every
+-- receive meets a send of the same step, pair, tag and micro-batch and the
+-- other way round, no pair of ranks exchanges two messages one way in a
+-- step (they would match in the order posted), and an action's input came
+-- in an earlier step. Returns nil, or a line saying what would go wrong.
+function M.check_steps(layout, steps)
+  if not steps then return "the schedule would hang" end
+  local P = layout.P
+  local sends, recvs, got = {}, {}, {}
+  for r = 0, P - 1 do
+    for _, st in ipairs(steps[r]) do
+      if st.send then
+        local k = st.t .. ":" .. r .. ">" .. st.send.to
+        if sends[k] then return ("rank %d sends rank %d two messages in step %d"):format(r, st.send.to, st.t) end
+        sends[k] = st.send.tag .. ":" .. st.send.mb
+      end
+      for _, rv in ipairs(st.recvs) do
+        local k = st.t .. ":" .. rv.from .. ">" .. r
+        if recvs[k] then return ("rank %d takes two messages from rank %d in step %d"):format(r, rv.from, st.t) end
+        recvs[k] = rv.tag .. ":" .. rv.mb
+        got[r .. ":" .. rv.tag .. ":" .. rv.mb] = st.t
+      end
+    end
+  end
+  for k, v in pairs(sends) do
+    if recvs[k] ~= v then return ("step %s: %s is sent and %s received"):format(k, v, tostring(recvs[k])) end
+  end
+  for k, v in pairs(recvs) do
+    if sends[k] ~= v then return ("step %s: %s is received and never sent"):format(k, v) end
+  end
+  for r = 0, P - 1 do
+    for _, st in ipairs(steps[r]) do
+      local a = st.action
+      if a and incoming(layout, a) then
+        local t = got[r .. ":" .. a.op .. ":" .. a.stage .. ":" .. a.mb]
+        if not t or t >= st.t then
+          return ("rank %d runs %s%d:%d in step %d before its input is there"):format(r, a.op, a.stage, a.mb, st.t)
         end
       end
-      return "the schedule would hang on NCCL (a batch waits for its sends' receivers): " .. table.concat(at, ", ")
     end
   end
 end
@@ -380,15 +406,17 @@ function M.pipeline(stages, group, layout, opts)
     pending = {} }, Pipeline)
 end
 
--- Sends and receives. On mpi a send is an isend (its work in `works`). On
--- nccl a lone send waits for its receiver and neighbours send to each other
--- at once, so there a rank's sends wait, holding their tensors, for its next
--- receive and go with it as one batch (batch_p2p): a send is held back over
--- this rank's own computation only, which waits for nobody, so no rank waits
--- for anything it would not have waited for anyway. flush() sends what is left.
+-- Sends and receives. On mpi a send is an isend (its work in `works`) and
+-- a receive waits for its message. On nccl, Pipeline:step runs M.steps: a
+-- send waits, holding its tensor, for the end of its step, and goes in the
+-- step's batch with the receives of what the neighbours send in that step
+-- (batch_p2p_async); an action takes its input from those (take), waiting
+-- for the batch then. forward_only, whose stage-by-stage order needs no
+-- steps, holds its sends until its next receive and posts them with it
+-- (flush).
 function Pipeline:send(t, peer, tag, works)
   if self.batched then
-    -- (a handle of its own, kept from the scope that made it: freed once sent)
+    -- (a handle of its own, kept from the scope that made it: freed once posted)
     self.pending[#self.pending + 1] = { "send", memory.keep(t:detach()), peer, tag }
   else
     works[#works + 1] = self.group:isend(t, peer, tag)
@@ -412,14 +440,55 @@ function Pipeline:flush(recv)
   end
 end
 
--- This rank's actions for nmb micro-batches (checked once per count).
+-- The batch of step st (nccl): the held send, and a buffer for each
+-- message coming in, kept in self.inbox under its tag and micro-batch with
+-- the batch's place in self.posted.
+function Pipeline:post(st, mbs, dtype, device)
+  local ops = self.pending
+  self.pending = {}
+  for _, rv in ipairs(st.recvs) do
+    local buf = self:boundary(mbs[rv.mb + 1], dtype, device)
+    ops[#ops + 1] = { "recv", buf, rv.from, self:tag_of(rv.tag) }
+    self.inbox[rv.tag .. ":" .. rv.mb] = { buf = buf, batch = #self.posted + 1 }
+  end
+  if #ops == 0 then return end
+  self.posted[#self.posted + 1] = self.group:batch_p2p_async(ops)
+  for _, o in ipairs(ops) do
+    if o[1] == "send" then o[2]:free() end -- (the work holds it)
+  end
+end
+
+-- Waits for the batches up to the k-th (all of them without k): later
+-- kernels wait for them. The communication stream runs the batches in
+-- order, so the earlier ones are done when the k-th is: waiting for them
+-- costs nothing and frees the tensors they sent.
+function Pipeline:wait_posted(k)
+  for i = self.waited + 1, k or #self.posted do
+    self.posted[i]:wait()
+    self.posted[i] = nil
+    self.waited = i
+  end
+end
+
+-- The message tagged tag ("F:s" / "B:s") for micro-batch mb (0-based),
+-- received in an earlier step (nccl).
+function Pipeline:take(tag, mb)
+  local key = tag .. ":" .. mb
+  local e = self.inbox[key]
+  self.inbox[key] = nil
+  self:wait_posted(e.batch)
+  return e.buf
+end
+
+-- This rank's actions for nmb micro-batches (checked once per count), and
+-- on nccl its steps.
 function Pipeline:actions(nmb)
   local a = self.cache[nmb]
   if not a then
     local all = M.actions(self.layout, nmb)
     local why = M.check(self.layout, all, nmb, self.batched)
     if why then fail("the %s schedule with %d micro-batches: %s", self.layout.schedule, nmb, why) end
-    a = all[self.rank]
+    a = { list = all[self.rank], steps = self.batched and M.steps(self.layout, all)[self.rank] or nil }
     self.cache[nmb] = a
   end
   return a
@@ -428,6 +497,10 @@ end
 -- The tags of the two flows into stage s: activations, gradients.
 function Pipeline:tag_f(s) return s end
 function Pipeline:tag_b(s) return self.layout.S + s end
+function Pipeline:tag_of(name)
+  local op, s = name:match("^(%u):(%d+)$")
+  return op == "F" and self:tag_f(tonumber(s)) or self:tag_b(tonumber(s))
+end
 
 function Pipeline:boundary(mb, dtype, device)
   return titan.empty({ mb.inputs:size(1), mb.inputs:size(2) / self.seq_shards, self.dim },
@@ -441,55 +514,71 @@ end
 -- Gradients accumulate in the parameters' .grad.
 function Pipeline:step(mbs, loss_fn, ctx)
   local P = self.layout.P
-  local actions = self:actions(#mbs)
+  local sched = self:actions(#mbs)
   local w = self.stages[1].model:parameters()[1]
   local dtype, device = w:dtype(), w:device()
   local ins, outs, works = {}, {}, {}
   local loss_sum = 0
   local function owner(s) return s % P end
-  titan.scope(function()
-    for _, a in ipairs(actions) do
-      local st, mb, key = self.by_id[a.stage], mbs[a.mb + 1], a.stage .. ":" .. a.mb
-      if a.op == "F" then
-        local x = mb.inputs
-        if not st.first then
-          x = self:recv(self:boundary(mb, dtype, device), owner(a.stage - 1), self:tag_f(a.stage))
-          x.requires_grad = true
-          ins[key] = x
-        end
-        local out = titan.scope(function()
-          local y = st.model(x)
-          if st.last then y = loss_fn(y, mb.targets, ctx) end
-          return y
-        end)
-        if st.last then
-          loss_sum = loss_sum + out:item()
-        else
-          self:send(out, owner(a.stage + 1), self:tag_f(a.stage + 1), works)
-        end
-        outs[key] = out
-      else
-        local out = outs[key]
-        outs[key] = nil
-        titan.scope(function()
-          if st.last then
-            out:backward()
-          else
-            local g = self:recv(self:boundary(mb, dtype, device), owner(a.stage + 1), self:tag_b(a.stage))
-            out:backward(g)
-          end
-        end)
-        out:free()
-        local x = ins[key]
-        if x then
-          ins[key] = nil
-          self:send(x.grad, owner(a.stage - 1), self:tag_b(a.stage - 1), works)
-          x:free() -- (and its .grad: the send holds its own reference)
-        end
+  -- an input from stage `from`'s rank: received now (mpi) or taken from an earlier step's batch (nccl)
+  local function input(a, mb, from, tag)
+    if self.batched then return self:take(a.op .. ":" .. a.stage, a.mb) end
+    return self.group:recv(self:boundary(mb, dtype, device), owner(from), tag)
+  end
+  local function run(a)
+    local st, mb, key = self.by_id[a.stage], mbs[a.mb + 1], a.stage .. ":" .. a.mb
+    if a.op == "F" then
+      local x = mb.inputs
+      if not st.first then
+        x = input(a, mb, a.stage - 1, self:tag_f(a.stage))
+        x.requires_grad = true
+        ins[key] = x
       end
+      local out = titan.scope(function()
+        local y = st.model(x)
+        if st.last then y = loss_fn(y, mb.targets, ctx) end
+        return y
+      end)
+      if st.last then
+        loss_sum = loss_sum + out:item()
+      else
+        self:send(out, owner(a.stage + 1), self:tag_f(a.stage + 1), works)
+      end
+      outs[key] = out
+    else
+      local out, g = outs[key], nil
+      outs[key] = nil
+      titan.scope(function()
+        if st.last then
+          out:backward()
+        else
+          g = input(a, mb, a.stage + 1, self:tag_b(a.stage))
+          out:backward(g)
+        end
+      end)
+      out:free()
+      local x = ins[key]
+      if x then
+        ins[key] = nil
+        self:send(x.grad, owner(a.stage - 1), self:tag_b(a.stage - 1), works)
+        x:free() -- (and its .grad: the send holds its own reference)
+      end
+      -- (after the send: x.grad may be g itself, passed through by an add's backward)
+      if g then g:free() end
     end
-    self:flush()
-    for _, wk in ipairs(works) do wk:wait() end
+  end
+  titan.scope(function()
+    if self.batched then
+      self.inbox, self.posted, self.waited = {}, {}, 0
+      for _, st in ipairs(sched.steps) do
+        if st.action then run(st.action) end
+        self:post(st, mbs, dtype, device)
+      end
+      self:wait_posted()
+    else
+      for _, a in ipairs(sched.list) do run(a) end
+      for _, wk in ipairs(works) do wk:wait() end
+    end
   end)
   return loss_sum
 end

@@ -148,18 +148,22 @@ function Group:barrier() check(C.tt_dist_barrier(self._c), 2) end
 -- What pipeline schedules use on nccl, where a lone send waits for its
 -- receiver. Returns once the received values are there (on nccl: for later
 -- kernels) and the sent tensors may change.
-function Group:batch_p2p(ops)
+local function p2p_ops(ops, what)
   local n = #ops
   local k = math.max(n, 1)
   local is_send, ts, peers, tags = ffi.new("int[?]", k), ffi.new("tt_tensor*[?]", k), ffi.new("int[?]", k),
     ffi.new("int[?]", k)
   for i, o in ipairs(ops) do
     if o[1] ~= "send" and o[1] ~= "recv" then
-      error(("batch_p2p: operation %d is '%s'; expected send or recv"):format(i, tostring(o[1])), 2)
+      error(("%s: operation %d is '%s'; expected send or recv"):format(what, i, tostring(o[1])), 3)
     end
     is_send[i - 1], ts[i - 1], peers[i - 1], tags[i - 1] = o[1] == "send" and 1 or 0, tensor.cptr(o[2]), o[3], o[4] or 0
   end
-  check(C.tt_dist_batch_p2p(self._c, n, is_send, ts, peers, tags), 2)
+  return n, is_send, ts, peers, tags
+end
+
+function Group:batch_p2p(ops)
+  check(C.tt_dist_batch_p2p(self._c, p2p_ops(ops, "batch_p2p")), 2)
 end
 
 -- A send that returns at once (pipeline schedules: neighbours send to each
@@ -196,6 +200,16 @@ function Group:all_gather_async(t, out)
   local w = ffi.new("tt_work*[1]")
   check(C.tt_dist_all_gather_async(self._c, tensor.cptr(t), tensor.cptr(out), w), 2)
   return out, setmetatable({ _c = ffi.gc(w[0], C.tt_work_wait) }, Work)
+end
+-- batch_p2p started and not waited for (a pipeline's steps on nccl): the
+-- work holds every tensor of ops; leave the sent ones unchanged and the
+-- received ones unread until work:wait() (on nccl it makes later kernels
+-- wait for the batch, with no host wait). mpi runs the batch at once.
+function Group:batch_p2p_async(ops)
+  local w = ffi.new("tt_work*[1]")
+  local n, is_send, ts, peers, tags = p2p_ops(ops, "batch_p2p_async")
+  check(C.tt_dist_batch_p2p_async(self._c, n, is_send, ts, peers, tags, w), 2)
+  return setmetatable({ _c = ffi.gc(w[0], C.tt_work_wait) }, Work)
 end
 function Work:wait()
   local c = self._c

@@ -526,12 +526,11 @@ function Trainer:plan_pipeline(family, model)
       .. "pipeline_parallel_microbatch_size = %d / %d = %d micro-batches; expected a multiple of %d"):format(self.pp,
       cfg.training.local_batch_size, par.pipeline_parallel_microbatch_size, nmb, self.pp), 0)
   end
-  -- (on GPUs also as its batches run on NCCL: pp.check_nccl)
+  -- (on GPUs also in the steps it runs in on NCCL: pp.steps)
   local nccl = self.world > 1 and cfg.training.device ~= "cpu"
   why = pp.check(layout, pp.actions(layout, nmb), nmb, nccl)
   if why then
-    error(("trainer: the %s schedule with %d micro-batches: %s%s"):format(layout.schedule, nmb, why, nccl and
-      "; expected 1F1B or GPipe on GPUs (or other micro-batch counts)" or ""), 0)
+    error(("trainer: the %s schedule with %d micro-batches: %s"):format(layout.schedule, nmb, why), 0)
   end
   self.pp_layout, self.n_microbatches = layout, nmb
 end

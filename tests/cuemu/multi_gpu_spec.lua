@@ -72,7 +72,7 @@ end
 describe("the nccl backend across processes", function()
   it("every collective at world 3, each rank on its own GPU; Lua values through the MPI host group", function()
     if not mpi then return pending(NO_MPI) end
-    sh.worker_ok("TITAN_CUEMU=1 TITAN_CUEMU_DEVICES=3 TITAN_WORKER_BACKEND=nccl ", exe, 3, 33)
+    sh.worker_ok("TITAN_CUEMU=1 TITAN_CUEMU_DEVICES=3 TITAN_WORKER_BACKEND=nccl ", exe, 3, 34)
   end)
 end)
 
@@ -154,7 +154,8 @@ describe("training on several GPUs over NCCL", function()
     end
   end)
 
-  it("pipeline stages on GPUs (sends batched with receives): 1F1B, GPipe, Interleaved1F1B on 2; pp x FSDP on 4",
+  it("pipeline stages on GPUs (in steps, sends batched with receives): 1F1B, GPipe, Interleaved1F1B on 2; pp x FSDP "
+    .. "on 4",
     function()
       if not mpi then return pending(NO_MPI) end
       local want = one_gpu()
@@ -163,8 +164,11 @@ describe("training on several GPUs over NCCL", function()
       local cases = {
         { "1F1B", 2, pp, "pipeline parallel: 2 stages over 2 ranks (1F1B, 4 micro-batches" },
         { "GPipe", 2, with(pp, { "--parallelism.pipeline_parallel_schedule=GPipe" }), "(GPipe" },
-        { "Interleaved1F1B", 2, with(pp, { "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
-          "--parallelism.pipeline_parallel_microbatch_size=2" }), "4 stages over 2 ranks (Interleaved1F1B" },
+        -- (4 micro-batches: two rounds, which hung when a send waited for its rank's next receive). Not with
+        -- deferred streams: there a rank's batches run only when its host waits, and a stage before the last has
+        -- no host wait in a step, so the ranks would wait on each other where GPUs progress on their own.
+        { "Interleaved1F1B", 2, with(pp, { "--parallelism.pipeline_parallel_schedule=Interleaved1F1B" }),
+          "4 stages over 2 ranks (Interleaved1F1B, 4 micro-batches" },
         { "pp x FSDP", 4, { "--training.local_batch_size=2", "--parallelism.pp=2" },
           "data parallel over NCCL: 2 ranks, FSDP over 2 shards" },
       }
@@ -208,11 +212,7 @@ describe("layouts refused on GPUs", function()
     assert.is_true(lines <= 2, out) -- (the line, and the rank prefix's)
   end
 
-  it("ranks sharing a GPU, more ranks than GPUs, a schedule that would hang on NCCL: one line each", function()
-    one_line("TITAN_CUEMU_DEVICES=2 OMPI_COMM_WORLD_LOCAL_SIZE=2", "--training.device=cuda --parallelism.pp=2 "
-      .. "--training.local_batch_size=4 --parallelism.pipeline_parallel_schedule=Interleaved1F1B",
-      "the Interleaved1F1B schedule with 4 micro-batches: the schedule would hang on NCCL (a batch waits for its "
-      .. "sends' receivers): rank 0 at B2:1, rank 1 at B1:0; expected 1F1B or GPipe on GPUs")
+  it("ranks sharing a GPU, more ranks than GPUs: one line each", function()
     one_line("TITAN_CUEMU_DEVICES=2 OMPI_COMM_WORLD_LOCAL_SIZE=2", "--training.device=cuda:0",
       "training.device = cuda:0 puts the 2 ranks of this host on one GPU; expected training.device=cuda")
     one_line("TITAN_CUEMU_DEVICES=1 OMPI_COMM_WORLD_LOCAL_SIZE=2", "--training.device=cuda",

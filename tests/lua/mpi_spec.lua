@@ -63,7 +63,7 @@ end
 describe("mpi backend", function()
   it("every collective across 3 processes", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
-    sh.worker_ok("", exe, 3, 34)
+    sh.worker_ok("", exe, 3, 35)
   end)
 end)
 

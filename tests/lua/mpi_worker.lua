@@ -119,11 +119,22 @@ local back = titan.zeros({ 3 }, on({ dtype = "float32" }))
 g:batch_p2p({ { "send", ahead, nxt, 3 }, { "recv", back, prv, 3 } })
 same("batch_p2p", back:tolist_flat(), { prv + 0.25, prv + 0.25, prv + 0.25 })
 
+-- batch_p2p_async: the same ring, the handles freed before the wait (the work holds the tensors) and the
+-- received values read after it; on nccl a missing wait reads zeros when cuemu defers the comm stream
+local ahead2 = titan.full({ 5 }, r + 0.75, on({ dtype = "float32" }))
+local back2 = titan.zeros({ 5 }, on({ dtype = "float32" }))
+local work = g:batch_p2p_async({ { "send", ahead2, nxt, 4 }, { "recv", back2, prv, 4 } })
+ahead2:free()
+work:wait()
+work:wait() -- (a second wait does nothing)
+same("batch_p2p_async", (back2 * 2):tolist_flat(), { 2 * prv + 1.5, 2 * prv + 1.5, 2 * prv + 1.5, 2 * prv + 1.5,
+  2 * prv + 1.5 })
+
 -- isend with tags (pipeline schedules): every rank sends two 4 MB messages to
 -- the next at once and takes its neighbour's in the other order; blocking
 -- sends of that size would wait on each other all around the ring. (Not on
 -- NCCL, where a send waits for its receiver and messages match in order:
--- pipeline stages are refused on GPUs.)
+-- pipeline stages there use batch_p2p_async.)
 if not nccl then
   local big = 2 ^ 20
   local m1, m2 = titan.full({ big }, r + 1, { dtype = "float32" }), titan.full({ big }, -(r + 1), { dtype = "float32" })
