@@ -225,12 +225,26 @@ local function f1(x) return x and ("%.1f"):format(x) or "-" end
 local function f3(x) return x and ("%.3f"):format(x) or "-" end
 
 -- ---- GEMM ----------------------------------------------------------------------------------
+pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
+-- fn() with the environment variable var set to v, unset afterwards (the CUDA settings are read at each
+-- launch or GEMM).
+local function with_env(var, v, fn)
+  ffi.C.setenv(var, v, 1)
+  local fine, err = pcall(fn)
+  ffi.C.unsetenv(var)
+  if not fine then error(err, 0) end
+end
 local gemm_rows = {}
 -- ta/tb as the C API takes them: y = x @ W^T is (x [M,K], W [N,K], 0, 1).
 -- tuned: with training.gemm_autotune's switch on (docs/cuda.md), next to the
 -- heuristic's row of the same shape; the first call, which times the
 -- candidates, is outside the timing.
-local function gemm(label, M, N, K, dt, ta, tb, tuned)
+-- api: "cublas" for TITAN_CUDA_GEMM_API=cublas (cuBLAS's cublasGemmStridedBatchedEx, PyTorch's mm,
+-- instead of cuBLASLt; docs/cuda.md), next to the cuBLASLt row of the same shape.
+local function gemm(label, M, N, K, dt, ta, tb, tuned, api)
+  if api then
+    return with_env("TITAN_CUDA_GEMM_API", api, function() gemm(label .. " (" .. api .. ")", M, N, K, dt, ta, tb, tuned) end)
+  end
   ta, tb = ta or 0, tb or 1
   label = tuned and label .. " (autotuned)" or label
   local est = 2 * M * N * K / 600e12 * (tuned and 60 or 20) + 3
@@ -319,7 +333,6 @@ end
 -- double-statistics kernels instead of the lean ones), for this measurement
 -- only (the settings are read at each launch), to time the choices side by
 -- side.
-pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
 local function rmsnorm_bench(rows, dim, dt, how)
   local var = how and (how.lanes and "TITAN_CUDA_NORM_GROUP" or "TITAN_CUDA_NORM_PLAN")
   local val = how and tostring(how.lanes or how.plan)
@@ -364,8 +377,10 @@ local function plan_note()
     if val and val ~= "" then parts[#parts + 1] = v[2] .. " " .. val end
     if val == "exact" then exact = exact + 1 end
   end
-  if exact == #PLAN_VARS then return ", exact kernels" end
-  return #parts > 0 and ", " .. table.concat(parts, ", ") or ""
+  local api = os.getenv("TITAN_CUDA_GEMM_API")
+  local gemm_api = api and api ~= "" and ", gemm " .. api or ""
+  if exact == #PLAN_VARS then return ", exact kernels" .. gemm_api end
+  return (#parts > 0 and ", " .. table.concat(parts, ", ") or "") .. gemm_api
 end
 local function with_plans(v, fn)
   for _, pv in ipairs(PLAN_VARS) do ffi.C.setenv(pv[1], v, 1) end
@@ -682,6 +697,8 @@ local BF = ON_GPU and "bfloat16" or "float32"
 -- Headline figures first (the targets), then the rest, so a short budget keeps what matters.
 if S then gemm("square", 64, 64, 64, BF) else gemm("square 8192^3", 8192, 8192, 8192, BF) end
 if S then gemm("square", 64, 64, 64, BF, 0, 1, true) else gemm("square 8192^3", 8192, 8192, 8192, BF, 0, 1, true) end
+if S then gemm("square", 64, 64, 64, BF, 0, 1, false, "cublas") else
+  gemm("square 8192^3", 8192, 8192, 8192, BF, 0, 1, false, "cublas") end
 if S then attention(1, 64, 4, 2, 32, BF) else attention(1, 8192, 32, 8, 128, BF) end
 if S then
   copy_bench(65536, "float32")
@@ -726,6 +743,10 @@ else
   -- and with the exact kernels in place of the lean ones (RMSNorm, SwiGLU, cross-entropy: the plan
   -- settings, read at each launch)
   with_plans("exact", function() train_bench("llama3 1B", "1B", 1, 8192, { "bfloat16" }, 5, 2, 45) end)
+  -- and with the GEMMs through cuBLAS instead of cuBLASLt (TITAN_CUDA_GEMM_API=cublas: PyTorch's mm)
+  with_env("TITAN_CUDA_GEMM_API", "cublas", function()
+    train_bench("llama3 1B", "1B", 1, 8192, { "bfloat16" }, 5, 2, 45)
+  end)
   -- After the headline figures: the optimizer step's launches.
   adamw_model_bench("debugmodel")
   adamw_model_bench("1B")
@@ -746,9 +767,11 @@ if not S then
   for _, l in ipairs({ { "wq/wo", 2048, 2048 }, { "wk/wv", 2048, 512 }, { "w1/w3", 2048, 8192 }, { "w2", 8192, 2048 },
     { "output", 2048, 128256 } }) do
     local din, dout = l[2], l[3]
-    gemm("1B " .. l[1] .. " fwd", 8192, dout, din, "bfloat16", 0, 1)
-    gemm("1B " .. l[1] .. " dgrad", 8192, din, dout, "bfloat16", 0, 0)
-    gemm("1B " .. l[1] .. " wgrad", dout, din, 8192, "bfloat16", 1, 0)
+    for _, api in ipairs({ false, "cublas" }) do
+      gemm("1B " .. l[1] .. " fwd", 8192, dout, din, "bfloat16", 0, 1, false, api or nil)
+      gemm("1B " .. l[1] .. " dgrad", 8192, din, dout, "bfloat16", 0, 0, false, api or nil)
+      gemm("1B " .. l[1] .. " wgrad", dout, din, 8192, "bfloat16", 1, 0, false, api or nil)
+    end
   end
   -- Llama 3 8B's linear layers at 8192 tokens: y = x @ W^T (fwd), and the
   -- two backward products of one of them (dgrad: dY @ W, wgrad: dY^T @ X).
@@ -770,7 +793,8 @@ end
 
 -- ---- tables --------------------------------------------------------------------------------
 print()
-print(("## GEMM: y = x @ W^T (cuBLASLt through tt_op_matmul, preallocated output); peak %.0f TFLOP/s dense bf16; "
+print(("## GEMM: y = x @ W^T (cuBLASLt through tt_op_matmul, preallocated output; (cublas): through cuBLAS, "
+  .. "TITAN_CUDA_GEMM_API=cublas); peak %.0f TFLOP/s dense bf16; "
   .. "target >= 700 TFLOP/s at 8192^3"):format(PEAK / 1e12))
 common.print_table({ "shape", "dtype", "MxNxK", "ms", "TFLOP/s", "of peak" }, gemm_rows)
 print()

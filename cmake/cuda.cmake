@@ -54,8 +54,8 @@ foreach(_v TITAN_CUDNN_LIBRARY TITAN_NCCL_LIBRARY TITAN_CUDNN_INCLUDE TITAN_NCCL
                         "or configure with -DTITAN_CUDA=OFF.")
   endif()
 endforeach()
-if(NOT TARGET CUDA::cublasLt)
-  message(FATAL_ERROR "TITAN_CUDA: cuBLASLt not found in the CUDA toolkit at ${CUDAToolkit_LIBRARY_DIR}")
+if(NOT TARGET CUDA::cublasLt OR NOT TARGET CUDA::cublas)
+  message(FATAL_ERROR "TITAN_CUDA: cuBLAS or cuBLASLt not found in the CUDA toolkit at ${CUDAToolkit_LIBRARY_DIR}")
 endif()
 
 # titan_core predates this file, so it did not see CMAKE_CUDA_ARCHITECTURES.
@@ -65,5 +65,5 @@ target_sources(titan_core PRIVATE ${TITAN_CUDA_SRC})
 target_include_directories(titan_core PRIVATE ${TITAN_CUDNN_INCLUDE} ${TITAN_NCCL_INCLUDE})
 target_compile_options(titan_core PRIVATE "$<$<COMPILE_LANGUAGE:CUDA>:${TITAN_CUDA_GENCODE};${TITAN_CUDA_WARNINGS}>")
 target_compile_definitions(titan_core PUBLIC TITAN_HAVE_CUDA=1)
-target_link_libraries(titan_core PUBLIC CUDA::cudart CUDA::cublasLt ${TITAN_CUDNN_LIBRARY} ${TITAN_NCCL_LIBRARY})
+target_link_libraries(titan_core PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt ${TITAN_CUDNN_LIBRARY} ${TITAN_NCCL_LIBRARY})
 message(STATUS "TITAN_CUDA: nvcc ${CMAKE_CUDA_COMPILER_VERSION}, cudnn ${TITAN_CUDNN_LIBRARY}, nccl ${TITAN_NCCL_LIBRARY}")

@@ -441,10 +441,13 @@ static tt_status tt_matmul_run(const char *name, const tt_tensor *a_in, const tt
                                   (tt_allow_tf32() ? TT_GEMM_TF32 : 0) |
                                       (tt_gemm_autotune() && !tt_deterministic() ? TT_GEMM_TUNE : 0)),
                          "gemm", be, compute_dtype);
-    if (st != TT_OK)
-      st = tt_error_set(st, "%s: %s gemm failed for a %s, b %s, out %s%s%s", name, be->name, SHP(a_in, s1),
+    if (st != TT_OK) {
+      char why[320]; /* the backend's own line, kept after the shapes (it is rewritten below) */
+      snprintf(why, sizeof why, "%s", tt_last_error());
+      st = tt_error_set(st, "%s: %s gemm failed for a %s, b %s, out %s%s%s: %s", name, be->name, SHP(a_in, s1),
                         SHP(b_in, s2), SHP(*out, s3), bias ? " with a bias" : "",
-                        st == TT_ERR_UNSUPPORTED ? " (no BLAS library could be loaded)" : "");
+                        st == TT_ERR_UNSUPPORTED ? " (no BLAS library could be loaded)" : "", why);
+    }
     if (st == TT_OK && tc) st = tt_tensor_copy(*out, tc);
   }
   tt_tensor_release(ta);

@@ -314,7 +314,7 @@ step_about() {
   case "$1" in
     probe) echo "what the machine has: GPU, driver, nvcc, cmake, compilers, Python + torch, pkg-config, dpkg, where cuBLASLt/cuDNN/NCCL live (read-only queries)" ;;
     unpack) echo "unpack .gpu/debs/*.deb (dpkg-deb -x, or ar + tar) into .gpu/prefix (libgomp1/libgfortran5/libquadmath0 into .gpu/fallback, linked into .gpu/extra-libs only where the machine lacks them); point the .pc files at the prefix" ;;
-    configure) echo "cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTITAN_CUEMU=OFF -DTITAN_CUDA=ON -DTITAN_NVCC_THREADS=4 -DTITAN_WERROR=OFF -DPKG_CONFIG_EXECUTABLE=<pkg-config on PATH> [-DTITAN_NVCC=/-DCMAKE_CUDA_COMPILER=<nvcc>] [-DTITAN_CUDNN_LIBRARY=/-DTITAN_CUDNN_INCLUDE=/-DTITAN_NCCL_LIBRARY=/-DTITAN_NCCL_INCLUDE=/-DCUDA_cublasLt_LIBRARY= where found outside the toolkit's own folders]" ;;
+    configure) echo "cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTITAN_CUEMU=OFF -DTITAN_CUDA=ON -DTITAN_NVCC_THREADS=4 -DTITAN_WERROR=OFF -DPKG_CONFIG_EXECUTABLE=<pkg-config on PATH> [-DTITAN_NVCC=/-DCMAKE_CUDA_COMPILER=<nvcc>] [-DTITAN_CUDNN_LIBRARY=/-DTITAN_CUDNN_INCLUDE=/-DTITAN_NCCL_LIBRARY=/-DTITAN_NCCL_INCLUDE=/-DCUDA_cublasLt_LIBRARY=/-DCUDA_cublas_LIBRARY= where found outside the toolkit's own folders]" ;;
     build) echo "cmake --build build-gpu -j $JOBS (GPU_CHECK_JOBS, default nproc) [-- -k with make]" ;;
     cuda_tests) echo "cd build-gpu && NCCL_SOCKET_IFNAME=lo OMP_NUM_THREADS=2 ctest -R '^cuda/' -j 10 --output-on-failure (tests/cuda/*_spec.lua under busted inside build-gpu/titan, all at once; /usr/share/games/fortunes -> the carried corpus when the machine has none)" ;;
     bench_titan) echo "build-gpu/titan bench/gpu.lua --json .gpu/run/titan.json --budget <step time - 10> [--quick] [--only \$GPU_CHECK_BENCH_ONLY]" ;;
@@ -456,8 +456,16 @@ find_cuda_libs() {
         [ -n "$inc" ] && CUDA_CMAKE_ARGS+=" -DTITAN_${up}_INCLUDE=$(dirname "$inc")"
         ;;
       cublasLt)
-        # FindCUDAToolkit looks in the toolkit only; name it when it is elsewhere.
-        case "$lib" in "$cuda_root"/*) ;; *) CUDA_CMAKE_ARGS+=" -DCUDA_cublasLt_LIBRARY=$lib" ;; esac ;;
+        # FindCUDAToolkit looks in the toolkit only; name it when it is elsewhere (cuBLAS, which
+        # the GEMM's TITAN_CUDA_GEMM_API=cublas uses, comes in the same folder: one package).
+        case "$lib" in
+          "$cuda_root"/*) ;;
+          *) CUDA_CMAKE_ARGS+=" -DCUDA_cublasLt_LIBRARY=$lib"
+             local blas
+             blas="$(first_match "libcublas.so" "$(dirname "$lib")" || first_match "libcublas.so.*" "$(dirname "$lib")" \
+               || true)"
+             [ -n "$blas" ] && CUDA_CMAKE_ARGS+=" -DCUDA_cublas_LIBRARY=$blas" ;;
+        esac ;;
     esac
   done
   export CUDA_CMAKE_ARGS CUDA_EXTRA_LIBDIRS

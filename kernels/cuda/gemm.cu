@@ -43,9 +43,20 @@
  * and where no candidate ran, the heuristic's first choice serves. Which
  * candidate wins can change with timing noise, so bits can differ from run
  * to run: ops.c does not ask for it in deterministic mode.
+ *
+ * TITAN_CUDA_GEMM_API=cublas (read at each call; `lt`, the default, is
+ * the above) runs a GEMM without a bias through cuBLAS's
+ * cublasGemmStridedBatchedEx instead, as PyTorch's mm does: the same
+ * mapping, the same workspace, cuBLAS's own choice of algorithm (no
+ * autotuning). It is there to compare the two libraries' choices at the
+ * same shapes (bench/gpu.lua), the 1B step's GEMMs being slower than
+ * PyTorch's while 8192^3 runs alike. cuBLAS gives the same bits on every
+ * run on one GPU with one stream (its documented reproducibility).
  */
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <mutex>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_common.h"
@@ -93,6 +104,7 @@ static struct tt_gemm_dev {
   std::mutex lock; /* held for a whole call: plans are reused, not copied */
   int ready;
   cublasLtHandle_t lt;
+  cublasHandle_t blas; /* TITAN_CUDA_GEMM_API=cublas's, made on its first GEMM */
   void *workspace;
   tt_gemm_plan plans[TT_GEMM_CACHE];
   int next; /* round-robin eviction */
@@ -290,6 +302,40 @@ static tt_status tt_gemm_dev_init(tt_gemm_dev *g) {
   return TT_OK;
 }
 
+/* TITAN_CUDA_GEMM_API: 0 lt (unset, empty or "lt"), 1 cublas, -1 anything else. */
+static int tt_gemm_api(void) {
+  const char *e = getenv("TITAN_CUDA_GEMM_API");
+  if (!e || !*e || !strcmp(e, "lt")) return 0;
+  return !strcmp(e, "cublas") ? 1 : -1;
+}
+
+/* The product through cuBLAS (g->lock held): column-major C^T = op(B)^T op(A)^T
+ * as for cuBLASLt, cuBLAS's first operand our B. */
+static tt_status tt_gemm_cublas(tt_gemm_dev *g, cudaStream_t s, cudaDataType_t t, cublasComputeType_t ct, int trans_a,
+                                int trans_b, int64_t batch, int64_t m, int64_t n, int64_t k, const void *alpha,
+                                const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb,
+                                int64_t stride_b, const void *beta, void *c, int64_t ldc, int64_t stride_c) {
+  if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldc > INT32_MAX)
+    return tt_error_set(TT_ERR_INVALID, "cuda gemm (cublas): %lldx%lldx%lld (ld %lld/%lld/%lld) beyond cuBLAS's int "
+                        "sizes; expected TITAN_CUDA_GEMM_API=lt", (long long)m, (long long)n, (long long)k,
+                        (long long)lda, (long long)ldb, (long long)ldc);
+  if (!g->blas) {
+    TT_LT_CHECK(cublasCreate(&g->blas));
+    cublasStatus_t w = cublasSetWorkspace(g->blas, g->workspace, TT_GEMM_WORKSPACE);
+    if (w != CUBLAS_STATUS_SUCCESS) {
+      cublasDestroy(g->blas);
+      g->blas = NULL;
+      return tt_lt_fail(w, "cublasSetWorkspace", __FILE__, __LINE__);
+    }
+  }
+  TT_LT_CHECK(cublasSetStream(g->blas, s));
+  const cublasOperation_t opa = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, opb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  TT_LT_CHECK(cublasGemmStridedBatchedEx(g->blas, opa, opb, (int)n, (int)m, (int)k, alpha, b, t, (int)ldb,
+                                         batch > 1 ? stride_b : 0, a, t, (int)lda, batch > 1 ? stride_a : 0, beta, c,
+                                         t, (int)ldc, batch > 1 ? stride_c : 0, (int)batch, ct, CUBLAS_GEMM_DEFAULT));
+  return TT_OK;
+}
+
 /* Before a graph capture, which must not allocate (graph.cu). */
 extern "C" tt_status tt_cuda_gemm_prepare(int device) {
   if (device < 0 || device >= TT_CUDA_MAX_DEVICES)
@@ -338,9 +384,19 @@ extern "C" tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t b
     return TT_OK;
   }
 
+  const int api = tt_gemm_api();
+  if (api < 0)
+    return tt_error_set(TT_ERR_INVALID, "cuda gemm: TITAN_CUDA_GEMM_API=%s: expected lt or cublas",
+                        getenv("TITAN_CUDA_GEMM_API"));
   tt_gemm_dev *g = &tt_gemm_devs[device];
   std::lock_guard<std::mutex> guard(g->lock);
   if ((st = tt_gemm_dev_init(g)) != TT_OK) return st;
+  if (api == 1 && !bias) {
+    float alpha_f = (float)alpha, beta_f = (float)beta;
+    return tt_gemm_cublas(g, s, t, ct, trans_a, trans_b, batch, m, n, k,
+                          dtype == TT_F64 ? (const void *)&alpha : (const void *)&alpha_f, a, lda, stride_a, b, ldb,
+                          stride_b, dtype == TT_F64 ? (const void *)&beta : (const void *)&beta_f, c, ldc, stride_c);
+  }
 
   /* The bias rides in the epilogue; where cuBLASLt has no algorithm with
    * it (f64, or odd alignments), the plain GEMM runs and a small kernel adds

@@ -231,6 +231,7 @@ describe("cuda matmul: autotuning (training.gemm_autotune)", function()
   end))
 
   it("inside a graph capture nothing is timed (the capture cannot wait); the replay is right", H.scoped(function()
+    if not H.ON_GPU then return end -- (graphs are CUDA's)
     local cuda_graph = require("titan.cuda_graph")
     local x = titan.keep(dev(H.randn({ 48, 32 }, 18, DT)))
     local w = titan.keep(dev(H.randn({ 16, 32 }, 19, DT)))
@@ -253,5 +254,87 @@ describe("cuda matmul: autotuning (training.gemm_autotune)", function()
       since(c2, TUNED, "eager again, beta = 0")
     end)
     x:free(); w:free()
+  end))
+end)
+
+describe("cuda matmul through cuBLAS (TITAN_CUDA_GEMM_API=cublas)", function()
+  -- The setting is read at each GEMM. cuemu counts the cuBLAS GEMMs that ran (on a GPU the count is not
+  -- there: the products are checked against the reference, which either library must give).
+  local ffi = require("ffi")
+  pcall(ffi.cdef, "uint64_t tt_emu_blas_gemm_count(void);"
+    .. "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
+  local counted = H.ON_GPU and pcall(function() return ffi.C.tt_emu_blas_gemm_count end)
+  local function count() return counted and tonumber(ffi.C.tt_emu_blas_gemm_count()) or nil end
+  local function ran(before, want, what)
+    if before then assert.are.equal(want, count() - before, what) end
+  end
+  local function with_api(v, fn)
+    ffi.C.setenv("TITAN_CUDA_GEMM_API", v, 1)
+    local fine, err = pcall(fn)
+    ffi.C.unsetenv("TITAN_CUDA_GEMM_API")
+    if not fine then error(err, 0) end
+  end
+  -- op(a) @ op(b) (+ acc when given: beta = 1) on the device into a poisoned output, and the CPU's in float64
+  local function product(a, b, ta, tb, acc, dt)
+    local M, N = ta == 1 and a:size(2) or a:size(1), tb == 1 and b:size(1) or b:size(2)
+    local out = acc and dev(acc) or poison({ M, N }, dt)
+    ok(C.tt_op_matmul(dev(a)._c, dev(b)._c, ta, tb, 1, acc and 1 or 0, box(out)), "matmul " .. dt)
+    H.sync()
+    local r = box()
+    ok(C.tt_op_matmul(f64(a)._c, f64(b)._c, ta, tb, 1, 0, r), "matmul (CPU reference)")
+    r = take(r)
+    return out, acc and r + f64(acc) or r
+  end
+
+  for _, dt in ipairs(FLOATS) do
+    it("every transpose, accumulating, batched, in " .. dt .. "; a bias still goes through cuBLASLt",
+      H.scoped(function()
+        with_api("cublas", function()
+          local M, N, K = 37, 24, 56
+          for ta = 0, 1 do
+            for tb = 0, 1 do
+              local a = H.randn(ta == 1 and { K, M } or { M, K }, 30 + 2 * ta + tb, dt)
+              local b = H.randn(tb == 1 and { N, K } or { K, N }, 40 + 2 * ta + tb, dt)
+              local what = ("cublas %s ta %d tb %d"):format(dt, ta, tb)
+              local c0 = count()
+              local got, want = product(a, b, ta, tb, nil, dt)
+              ran(c0, 1, what)
+              H.check(got, want, H.tol(dt), what)
+              local acc = H.randn({ M, N }, 50 + 2 * ta + tb, dt)
+              got, want = product(a, b, ta, tb, acc, dt)
+              H.check(got, want, H.tol(dt, 2), what .. " + C")
+            end
+          end
+          -- batched: [3, M, K] @ [3, K, N]
+          local a3, b3 = H.randn({ 3, M, K }, 60, dt), H.randn({ 3, K, N }, 61, dt)
+          local c0 = count()
+          local got = titan.matmul(dev(a3), dev(b3))
+          H.sync()
+          ran(c0, 1, "one strided-batched call")
+          H.check(got, titan.matmul(f64(a3), f64(b3)), H.tol(dt), "cublas batched " .. dt)
+          -- a linear layer's bias rides in cuBLASLt's epilogue, which cuBLAS has not
+          local x, w, bias = H.randn({ M, K }, 62, dt), H.randn({ N, K }, 63, dt), H.randn({ N }, 64, dt)
+          c0 = count()
+          H.check(run(dev(x), dev(w), dev(bias), { M, N }, dt, "linear with a bias"), ref(x, w, bias), H.tol(dt),
+            "cublas setting, bias")
+          ran(c0, 0, "the bias through cuBLASLt")
+        end)
+      end))
+  end
+
+  it("gives the bits of one run again, and a bad value is one line", H.scoped(function()
+    local dt = H.ON_GPU and "bfloat16" or "float32"
+    local a, b = H.randn({ 96, 80 }, 70, dt), H.randn({ 64, 80 }, 71, dt)
+    with_api("cublas", function()
+      local one = product(a, b, 0, 1, nil, dt)
+      H.check_exact(product(a, b, 0, 1, nil, dt), one, "the same product again")
+    end)
+    if not H.ON_GPU then return end -- (a CUDA setting: the CPU's GEMM does not read it)
+    with_api("fast", function()
+      local st = C.tt_op_matmul(dev(a)._c, dev(b)._c, 0, 1, 1, 0, box(poison({ 96, 64 }, dt)))
+      assert.are_not.equal(0, st)
+      local msg = ffi.string(C.tt_last_error())
+      assert.truthy(msg:find("TITAN_CUDA_GEMM_API=fast: expected lt or cublas", 1, true), msg)
+    end)
   end))
 end)

@@ -1,6 +1,7 @@
 /*
- * cublaslt.cpp — cuemu's cuBLASLt: the calls kernels/cuda/gemm.cu makes,
- * with cuBLASLt's documented column-major semantics, computed on the host.
+ * cublaslt.cpp — cuemu's cuBLASLt (and the few cuBLAS calls of
+ * TITAN_CUDA_GEMM_API=cublas): the calls kernels/cuda/gemm.cu makes, with
+ * their documented column-major semantics, computed on the host.
  *
  * D = alpha op(A) op(B) + beta C (+ bias[i] on row i with the BIAS
  * epilogue), every matrix column-major with its layout's rows, cols and
@@ -15,6 +16,7 @@
  * promised the heuristic; a workspace no bigger than the preference's.
  */
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -316,6 +318,13 @@ extern "C" void tt_emu_matmul_counts(uint64_t *all, uint64_t *other) {
   *all = emu_matmuls.load();
   *other = emu_matmuls_other.load();
 }
+/* cuBLAS's GEMMs that ran (TITAN_CUDA_GEMM_API=cublas). */
+static std::atomic<uint64_t> emu_blas_gemms{0};
+extern "C" uint64_t tt_emu_blas_gemm_count(void) { return emu_blas_gemms.load(); }
+
+static void emu_matmul(const char *name, const desc &d, const layout &la, const layout &lb, const layout &lc,
+                       const layout &ld, double al, double be, const void *A, const void *B, const void *C, void *D,
+                       cudaStream_t stream);
 
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void *alpha, const void *A,
                               cublasLtMatrixLayout_t adesc, const void *B, cublasLtMatrixLayout_t bdesc,
@@ -347,6 +356,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   const bool f64 = d.scale == CUDA_R_64F;
   const double al = f64 ? *(const double *)alpha : *(const float *)alpha;
   const double be = f64 ? *(const double *)beta : *(const float *)beta;
+  emu_matmul("cublasLtMatmul", d, la, lb, lc, ld, al, be, A, B, C, D, stream);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+/* D = al op(A) op(B) + be C (+ the bias), enqueued on stream; checked shapes. */
+static void emu_matmul(const char *name, const desc &d, const layout &la, const layout &lb, const layout &lc,
+                       const layout &ld, double al, double be, const void *A, const void *B, const void *C, void *D,
+                       cudaStream_t stream) {
+  int dev;
   uint64_t m = ld.rows, n = ld.cols, k;
   {
     uint64_t am;
@@ -360,14 +378,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   };
   if (tt_emu_classify(A, extent(la), &dev) != 0 || tt_emu_classify(B, extent(lb), &dev) != 0 ||
       tt_emu_classify(D, extent(ld), &dev) != 0 || (be != 0.0 && tt_emu_classify(C, extent(lc), &dev) != 0))
-    tt_emu_die("cublasLtMatmul: an operand is not (entirely) in device memory");
+    tt_emu_die("%s: an operand is not (entirely) in device memory", name);
   const bool bias = d.epilogue == CUBLASLT_EPILOGUE_BIAS;
   const cudaDataType_t bias_type = d.bias_type < 0 ? ld.type : (cudaDataType_t)d.bias_type;
   if (bias && (!d.bias || tt_emu_classify(d.bias, m * elem_size(bias_type), &dev) != 0))
-    tt_emu_die("cublasLtMatmul: the bias epilogue without a device bias vector of %llu elements",
-               (unsigned long long)m);
+    tt_emu_die("%s: the bias epilogue without a device bias vector of %llu elements", name, (unsigned long long)m);
   const void *bias_ptr = d.bias;
-  tt_emu_enqueue(stream, "cublasLtMatmul", [=]() {
+  tt_emu_enqueue(stream, name, [=]() {
     /* Dense copies, column-major: a is m x k, b is k x n; the product in
      * f64 for f64 and in f32 otherwise (cuBLASLt's accumulators), by the
      * CPU backend's row-major GEMM: column-major D = a b is row-major
@@ -398,7 +415,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
       tt_status st = tt_kernels_cpu()->gemm(dt, 0, 0, 1, (int64_t)n, (int64_t)m, (int64_t)k, 1.0, b.data(),
                                             (int64_t)k, 0, a.data(), (int64_t)m, 0, 0.0, acc.data(), (int64_t)m, 0,
                                             NULL, dt, 0);
-      if (st != TT_OK) tt_emu_die("cublasLtMatmul: the CPU GEMM failed (status %d)", (int)st);
+      if (st != TT_OK) tt_emu_die("%s: the CPU GEMM failed (status %d)", name, (int)st);
       for (uint64_t j = 0; j < n; j++)
         for (uint64_t i = 0; i < m; i++) {
           double v = al * get(acc, i + j * m);
@@ -408,6 +425,70 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
         }
     }
   });
+}
+
+/* cuBLAS's handle: the stream and workspace it was given. */
+struct cublasContext {
+  cudaStream_t stream = NULL;
+  void *workspace = NULL;
+  size_t workspace_size = 0;
+};
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t *h) {
+  *h = new cublasContext();
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy_v2(cublasHandle_t h) {
+  delete h;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  h->stream = s;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void *workspace, size_t bytes) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  int dev;
+  if (bytes && tt_emu_classify(workspace, bytes, &dev) != 0)
+    tt_emu_die("cublasSetWorkspace: the workspace is not device memory");
+  h->workspace = workspace;
+  h->workspace_size = bytes;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+/* cuBLAS's column-major GEMM, checked as cuBLAS checks it (ld >= the stored
+ * rows, sizes >= 0), computed as cublasLtMatmul's. */
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb, int m,
+                                          int n, int k, const void *alpha, const void *A, cudaDataType Atype, int lda,
+                                          long long int strideA, const void *B, cudaDataType Btype, int ldb,
+                                          long long int strideB, const void *beta, void *C, cudaDataType Ctype,
+                                          int ldc, long long int strideC, int batchCount,
+                                          cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+  (void)algo;
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (m < 0 || n < 0 || k < 0 || batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  if (Atype != Btype || Atype != Ctype) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const int arows = transa == CUBLAS_OP_N ? m : k, brows = transb == CUBLAS_OP_N ? k : n;
+  if (lda < (arows > 1 ? arows : 1) || ldb < (brows > 1 ? brows : 1) || ldc < (m > 1 ? m : 1))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (m == 0 || n == 0 || batchCount == 0) return CUBLAS_STATUS_SUCCESS;
+  desc d;
+  d.compute = computeType;
+  d.scale = computeType == CUBLAS_COMPUTE_64F ? CUDA_R_64F : CUDA_R_32F;
+  d.ta = transa;
+  d.tb = transb;
+  layout la{Atype, (uint64_t)arows, (uint64_t)(transa == CUBLAS_OP_N ? k : m), lda, batchCount, strideA};
+  layout lb{Btype, (uint64_t)brows, (uint64_t)(transb == CUBLAS_OP_N ? n : k), ldb, batchCount, strideB};
+  layout lc{Ctype, (uint64_t)m, (uint64_t)n, ldc, batchCount, strideC};
+  const bool f64 = d.scale == CUDA_R_64F;
+  const double al = f64 ? *(const double *)alpha : *(const float *)alpha;
+  const double be = f64 ? *(const double *)beta : *(const float *)beta;
+  emu_blas_gemms++;
+  emu_matmul("cublasGemmStridedBatchedEx", d, la, lb, lc, lc, al, be, A, B, C, C, h->stream);
   return CUBLAS_STATUS_SUCCESS;
 }
 
