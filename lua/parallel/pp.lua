@@ -407,36 +407,17 @@ function M.pipeline(stages, group, layout, opts)
 end
 
 -- Sends and receives. On mpi a send is an isend (its work in `works`) and
--- a receive waits for its message. On nccl, Pipeline:step runs M.steps: a
--- send waits, holding its tensor, for the end of its step, and goes in the
--- step's batch with the receives of what the neighbours send in that step
--- (batch_p2p_async); an action takes its input from those (take), waiting
--- for the batch then. forward_only, whose stage-by-stage order needs no
--- steps, holds its sends until its next receive and posts them with it
--- (flush).
+-- a receive waits for its message. On nccl the lists run in steps
+-- (M.steps): a send waits, holding its tensor, for the end of its step, and
+-- goes in the step's batch with the receives of what the neighbours send in
+-- that step (batch_p2p_async); an action takes its input from those (take),
+-- waiting for the batch then.
 function Pipeline:send(t, peer, tag, works)
   if self.batched then
     -- (a handle of its own, kept from the scope that made it: freed once posted)
     self.pending[#self.pending + 1] = { "send", memory.keep(t:detach()), peer, tag }
   else
     works[#works + 1] = self.group:isend(t, peer, tag)
-  end
-end
-
-function Pipeline:recv(buf, peer, tag)
-  if not self.batched then return self.group:recv(buf, peer, tag) end
-  self:flush({ "recv", buf, peer, tag })
-  return buf
-end
-
-function Pipeline:flush(recv)
-  local ops = self.pending
-  self.pending = {}
-  if recv then ops[#ops + 1] = recv end
-  if #ops == 0 then return end
-  self.group:batch_p2p(ops)
-  for _, o in ipairs(ops) do
-    if o[1] == "send" then o[2]:free() end
   end
 end
 
@@ -490,6 +471,33 @@ function Pipeline:actions(nmb)
     if why then fail("the %s schedule with %d micro-batches: %s", self.layout.schedule, nmb, why) end
     a = { list = all[self.rank], steps = self.batched and M.steps(self.layout, all)[self.rank] or nil }
     self.cache[nmb] = a
+  end
+  return a
+end
+
+-- The forward-only lists (validation): stage by stage of each rank, micro-
+-- batch by micro-batch, an order every rank agrees on without a schedule (a
+-- forward never waits on a later stage); on nccl in steps too, as
+-- Pipeline:step's (sends held until the rank's next receive could hang
+-- there: a rank's first stage sends every micro-batch before its second
+-- stage receives).
+function Pipeline:forward_actions(nmb)
+  local key = "forward:" .. nmb
+  local a = self.cache[key]
+  if not a then
+    local all = {}
+    for r = 0, self.layout.P - 1 do
+      local list = {}
+      for _, s in ipairs(M.stage_ids(self.layout, r)) do
+        for m = 0, nmb - 1 do list[#list + 1] = { op = "F", stage = s, mb = m } end
+      end
+      all[r] = list
+    end
+    local steps = self.batched and M.steps(self.layout, all) or nil
+    local why = self.batched and M.check_steps(self.layout, steps)
+    if why then fail("the forward-only pass with %d micro-batches: %s", nmb, why) end
+    a = { list = all[self.rank], steps = steps and steps[self.rank] }
+    self.cache[key] = a
   end
   return a
 end
@@ -589,32 +597,39 @@ function Pipeline:forward_only(mbs, f)
   local P = self.layout.P
   local w = self.stages[1].model:parameters()[1]
   local dtype, device = w:dtype(), w:device()
+  local function run(a, works)
+    local st, mb = self.by_id[a.stage], mbs[a.mb + 1]
+    titan.scope(function()
+      local x = mb.inputs
+      if not st.first then
+        x = self.batched and self:take("F:" .. a.stage, a.mb)
+          or self.group:recv(self:boundary(mb, dtype, device), (a.stage - 1) % P, self:tag_f(a.stage))
+      end
+      local y = st.model(x)
+      if st.last then
+        f(y, mb.targets)
+      else
+        self:send(y, (a.stage + 1) % P, self:tag_f(a.stage + 1), works)
+      end
+      if x ~= mb.inputs then x:free() end
+      y:free()
+    end)
+  end
   titan.no_grad(function()
     titan.scope(function()
-      local works = {}
-      -- stage by stage of this rank, micro-batch by micro-batch: the order
-      -- every rank agrees on without a schedule (a forward never waits on a
-      -- later stage)
-      for _, st in ipairs(self.stages) do
-        for _, mb in ipairs(mbs) do
-          titan.scope(function()
-            local x = mb.inputs
-            if not st.first then
-              x = self:recv(self:boundary(mb, dtype, device), (st.id - 1) % P, self:tag_f(st.id))
-            end
-            local y = st.model(x)
-            if st.last then
-              f(y, mb.targets)
-            else
-              self:send(y, (st.id + 1) % P, self:tag_f(st.id + 1), works)
-            end
-            if x ~= mb.inputs then x:free() end
-            y:free()
-          end)
+      local sched = self:forward_actions(#mbs)
+      if self.batched then
+        self.inbox, self.posted, self.waited = {}, {}, 0
+        for _, st in ipairs(sched.steps) do
+          if st.action then run(st.action) end
+          self:post(st, mbs, dtype, device)
         end
+        self:wait_posted()
+      else
+        local works = {}
+        for _, a in ipairs(sched.list) do run(a, works) end
+        for _, wk in ipairs(works) do wk:wait() end
       end
-      self:flush()
-      for _, wk in ipairs(works) do wk:wait() end
     end)
   end)
 end

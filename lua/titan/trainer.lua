@@ -652,7 +652,20 @@ function Trainer:validate()
       local b = v:next()
       if not b then break end
       if self.pipe then -- (the last stage adds; the sums go over the pipeline below)
-        self.pipe:forward_only({ b }, add)
+        -- in the training's micro-batches where they divide the batch: the stages then work at once
+        -- on different micro-batches, and each holds one micro-batch's activations
+        local rows, n = self.cfg.parallelism.pipeline_parallel_microbatch_size, b.inputs:size(1)
+        local mbs = { b }
+        if rows < n and n % rows == 0 then
+          mbs = {}
+          for k = 1, n, rows do
+            mbs[#mbs + 1] = { inputs = b.inputs:narrow(1, k, rows), targets = b.targets:narrow(1, k, rows) }
+          end
+        end
+        self.pipe:forward_only(mbs, add)
+        if mbs[1] ~= b then
+          for _, mb in ipairs(mbs) do mb.inputs:free(); mb.targets:free() end
+        end
       else
         titan.scope(function() add(self.model(b.inputs), b.targets) end)
       end

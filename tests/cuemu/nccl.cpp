@@ -12,9 +12,10 @@
  * rank, and its ncclCommSplit children. Its collectives run over MPI when the
  * stream reaches them: reductions gather every rank's values and combine them
  * in rank order in double (int64 for the integer types), rounded once, so
- * every rank holds the same bits, as NCCL's do; a send outside a group is
- * synchronous (MPI_Ssend), as NCCL's waits for its receiver, so two ranks
- * that send to each other at once hang here as they would on GPUs.
+ * every rank holds the same bits, as NCCL's do; a send is synchronous
+ * (MPI_Ssend, and MPI_Issend in a group), as NCCL's waits for its receiver,
+ * so two ranks that send to each other at once, or a batch whose send's
+ * receive comes only after it, hang here as they would on GPUs.
  */
 #include <nccl.h>
 #include <stdint.h>
@@ -427,9 +428,12 @@ ncclResult_t ncclGroupEnd(void) {
     for (size_t i = 0; i < remote.size(); i++) {
       const p2p &o = remote[i];
       const int n = mpi_count(o.bytes, o.send ? "ncclSend" : "ncclRecv");
-      mpi_check(o.send ? MPI_Isend(o.buf, n, MPI_BYTE, o.peer, 0, o.comm->mpi, &reqs[i])
+      /* synchronous sends (MPI_Issend): a send completes only once its receive is posted, as
+       * NCCL's do at the sizes of real activations, however small the message here (MPI would
+       * let a small MPI_Isend complete from its buffer, and hide a batch that waits forever) */
+      mpi_check(o.send ? MPI_Issend(o.buf, n, MPI_BYTE, o.peer, 0, o.comm->mpi, &reqs[i])
                        : MPI_Irecv(o.buf, n, MPI_BYTE, o.peer, 0, o.comm->mpi, &reqs[i]),
-                o.send ? "MPI_Isend" : "MPI_Irecv");
+                o.send ? "MPI_Issend" : "MPI_Irecv");
     }
     mpi_check(MPI_Waitall((int)reqs.size(), reqs.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
   });

@@ -146,6 +146,19 @@ describe("pipeline schedules", function()
       end
     end
     assert.is_true(n > 100)
+    -- the forward-only pass (validation): stage by stage of each rank, each micro-batch; rank 0's first stage
+    -- sends all of them before its second stage receives, which hung when sends waited for the next receive
+    L = pp.layout(4, { pp = 2, schedule = "Interleaved1F1B" })
+    local fwd = { [0] = {}, [1] = {} }
+    for r = 0, 1 do
+      for _, st in ipairs(pp.stage_ids(L, r)) do
+        for m = 0, 3 do fwd[r][#fwd[r] + 1] = F(st, m) end
+      end
+    end
+    local fs = pp.steps(L, fwd)
+    assert.is_nil(pp.check_steps(L, fs))
+    assert.are.equal("0:F0:0>F:1/0 1:F0:1>F:1/1<F:2/0 2:F0:2>F:1/2<F:2/1 3:F0:3>F:1/3<F:2/2 4:F2:0>F:3/0<F:2/3 "
+      .. "5:F2:1>F:3/1 6:F2:2>F:3/2 7:F2:3>F:3/3", show(fs[0]))
     -- the order that NCCL's in-order matching broke when a send waited for the rank's next receive: now by step
     L = pp.layout(4, { pp = 2, schedule = "Interleaved1F1B" })
     local all = { [0] = { F(0, 0), F(2, 0), F(0, 1), F(2, 1), B(2, 0), B(2, 1), B(0, 0), B(0, 1) },
