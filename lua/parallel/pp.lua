@@ -430,10 +430,12 @@ function Pipeline:post(st, mbs, dtype, device)
   for _, rv in ipairs(st.recvs) do
     local buf = self:boundary(mbs[rv.mb + 1], dtype, device)
     ops[#ops + 1] = { "recv", buf, rv.from, self:tag_of(rv.tag) }
-    self.inbox[rv.tag .. ":" .. rv.mb] = { buf = buf, batch = #self.posted + 1 }
+    self.inbox[rv.tag .. ":" .. rv.mb] = { buf = buf, batch = self.nposted + 1 }
   end
   if #ops == 0 then return end
-  self.posted[#self.posted + 1] = self.group:batch_p2p_async(ops)
+  -- (counted: waited batches leave holes at the front of self.posted, where # is no count)
+  self.nposted = self.nposted + 1
+  self.posted[self.nposted] = self.group:batch_p2p_async(ops)
   for _, o in ipairs(ops) do
     if o[1] == "send" then o[2]:free() end -- (the work holds it)
   end
@@ -444,7 +446,7 @@ end
 -- order, so the earlier ones are done when the k-th is: waiting for them
 -- costs nothing and frees the tensors they sent.
 function Pipeline:wait_posted(k)
-  for i = self.waited + 1, k or #self.posted do
+  for i = self.waited + 1, k or self.nposted do
     self.posted[i]:wait()
     self.posted[i] = nil
     self.waited = i
@@ -577,7 +579,7 @@ function Pipeline:step(mbs, loss_fn, ctx)
   end
   titan.scope(function()
     if self.batched then
-      self.inbox, self.posted, self.waited = {}, {}, 0
+      self.inbox, self.posted, self.nposted, self.waited = {}, {}, 0, 0
       for _, st in ipairs(sched.steps) do
         if st.action then run(st.action) end
         self:post(st, mbs, dtype, device)
@@ -619,7 +621,7 @@ function Pipeline:forward_only(mbs, f)
     titan.scope(function()
       local sched = self:forward_actions(#mbs)
       if self.batched then
-        self.inbox, self.posted, self.waited = {}, {}, 0
+        self.inbox, self.posted, self.nposted, self.waited = {}, {}, 0, 0
         for _, st in ipairs(sched.steps) do
           if st.action then run(st.action) end
           self:post(st, mbs, dtype, device)
