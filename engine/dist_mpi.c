@@ -38,6 +38,19 @@ static tt_status mpi_err(const char *what, int rc) {
   } while (0)
 
 /* Reductions need a real MPI type; moves go as bytes (bf16, f16, fp8 too). */
+/* Before a call that blocks this process on another rank: under cuemu
+ * (the CUDA backend emulated on the CPU, tests/cuemu) with deferred
+ * streams, the emulated GPU's queued work runs now. A GPU progresses on its
+ * own while the host waits; a deferred queue runs only when the host needs
+ * it, so a rank blocked here with its NCCL sends still queued would wait
+ * forever for a rank that waits on those sends. Nothing elsewhere. */
+#if defined(TITAN_CUEMU)
+void tt_emu_progress(void);
+static void host_blocks(void) { tt_emu_progress(); }
+#else
+static void host_blocks(void) {}
+#endif
+
 static tt_status mpi_reduce_type(int dtype, MPI_Datatype *out) {
   switch (dtype) {
     case TT_F32: *out = MPI_FLOAT; return TT_OK;
@@ -142,6 +155,7 @@ static tt_status mpi_split(tt_group *g, int color, int key, tt_group *out) {
 }
 
 static tt_status mpi_all_reduce(tt_group *g, tt_tensor *t, int op) {
+  host_blocks();
   MPI_Datatype dt = MPI_FLOAT;
   MPI_Op mop = MPI_SUM;
   TT_TRY(mpi_reduce_type(t->dtype, &dt));
@@ -163,6 +177,7 @@ static tt_status fits_int(const char *op, int64_t n) {
 }
 
 static tt_status mpi_reduce_scatter(tt_group *g, const tt_tensor *in, tt_tensor *out, int op) {
+  host_blocks();
   MPI_Datatype dt = MPI_FLOAT;
   MPI_Op mop = MPI_SUM;
   TT_TRY(mpi_reduce_type(in->dtype, &dt));
@@ -192,6 +207,7 @@ static void bytes_type_free(MPI_Datatype *dt) {
 }
 
 static tt_status mpi_all_gather(tt_group *g, const tt_tensor *in, tt_tensor *out) {
+  host_blocks();
   int64_t n = tt_tensor_numel(in);
   TT_TRY(fits_int("all_gather", n));
   MPI_Datatype dt = MPI_BYTE;
@@ -202,6 +218,7 @@ static tt_status mpi_all_gather(tt_group *g, const tt_tensor *in, tt_tensor *out
 }
 
 static tt_status mpi_broadcast(tt_group *g, tt_tensor *t, int root) {
+  host_blocks();
   MPI_Datatype dt = MPI_BYTE;
   TT_TRY(bytes_type(t->dtype, &dt));
   char *p = tt_tensor_data(t);
@@ -216,6 +233,7 @@ static tt_status mpi_broadcast(tt_group *g, tt_tensor *t, int root) {
 }
 
 static tt_status mpi_all_to_all(tt_group *g, const tt_tensor *in, tt_tensor *out) {
+  host_blocks();
   int64_t chunk = tt_tensor_numel(in) / g->size;
   TT_TRY(fits_int("all_to_all", chunk));
   MPI_Datatype dt = MPI_BYTE;
@@ -245,6 +263,7 @@ static tt_status mpi_tag_base(const char *op, int64_t n, int tag, int *out) {
 }
 
 static tt_status mpi_p2p(tt_group *g, tt_tensor *t, int peer, int user_tag, int sending) {
+  host_blocks();
   int64_t n = tt_tensor_numel(t), esz = (int64_t)tt_dtype_size(t->dtype);
   int rc = MPI_SUCCESS, tag = 0;
   TT_TRY(mpi_tag_base(sending ? "send" : "recv", n, user_tag, &tag));
@@ -302,6 +321,7 @@ static tt_status mpi_isend(tt_group *g, const tt_tensor *t, int peer, int user_t
 }
 
 static tt_status mpi_wait(tt_group *g, void *req) {
+  host_blocks();
   (void)g;
   tt_mpi_sends *s = req;
   int rc = MPI_Waitall(s->n, s->reqs, MPI_STATUSES_IGNORE);
@@ -310,6 +330,7 @@ static tt_status mpi_wait(tt_group *g, void *req) {
 }
 
 static tt_status mpi_barrier(tt_group *g) {
+  host_blocks();
   MPI_TRY("MPI_Barrier", MPI_Barrier(impl(g)->comm));
   return TT_OK;
 }

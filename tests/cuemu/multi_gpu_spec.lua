@@ -163,18 +163,19 @@ describe("training on several GPUs over NCCL", function()
       local pp = with(VAL, { "--training.local_batch_size=4", "--parallelism.pp=2" })
       local cases = {
         { "1F1B", 2, pp, "pipeline parallel: 2 stages over 2 ranks (1F1B, 4 micro-batches" },
-        { "GPipe", 2, with(pp, { "--parallelism.pipeline_parallel_schedule=GPipe" }), "(GPipe" },
-        -- (4 micro-batches: two rounds, which hung when a send waited for its rank's next receive). Not with
-        -- deferred streams: there a rank's batches run only when its host waits, and a stage before the last has
-        -- no host wait in a step, so the ranks would wait on each other where GPUs progress on their own.
+        -- (each stream's work deferred until the host needs it, in both orders: an input used before its
+        -- batch is waited for reads a buffer the communication stream has not written)
+        { "GPipe", 2, with(pp, { "--parallelism.pipeline_parallel_schedule=GPipe" }), "(GPipe",
+          "TITAN_CUEMU_STREAMS=deferred TITAN_CUEMU_ORDER=reverse " },
+        -- (4 micro-batches: two rounds, which hung when a send waited for its rank's next receive)
         { "Interleaved1F1B", 2, with(pp, { "--parallelism.pipeline_parallel_schedule=Interleaved1F1B" }),
-          "4 stages over 2 ranks (Interleaved1F1B, 4 micro-batches" },
+          "4 stages over 2 ranks (Interleaved1F1B, 4 micro-batches", "TITAN_CUEMU_STREAMS=deferred " },
         { "pp x FSDP", 4, { "--training.local_batch_size=2", "--parallelism.pp=2" },
           "data parallel over NCCL: 2 ranks, FSDP over 2 shards" },
       }
       for _, c in ipairs(cases) do
         local dump = sh.tmpdir()
-        local out = run_ok(train_cmd(c[2], dump, with(c[3], { "--training.steps=3" })))
+        local out = run_ok(train_cmd(c[2], dump, with(c[3], { "--training.steps=3" }), c[5]))
         assert.truthy(out:find(c[4], 1, true), out)
         local got = curve(dump)
         matches(want, got, 3, 2e-5, c[1])

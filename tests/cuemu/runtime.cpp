@@ -1180,6 +1180,16 @@ extern "C" cudaError_t cudaMalloc(void **p, size_t n) {
   return cudaSuccess;
 }
 
+/* engine/dist_mpi.c, before a call that blocks the process on another
+ * rank: a GPU progresses while its host waits, so the queued work runs
+ * (deferred streams; a rank waiting on the network with its NCCL sends
+ * still queued would hang a neighbour that waits on them). */
+extern "C" void tt_emu_progress(void) {
+  if (!emu_deferred()) return;
+  std::lock_guard<std::recursive_mutex> run(emu_device_lock);
+  emu_drain_all(-1, false);
+}
+
 /* Frees wait for the device (queued work may still use the block). */
 static void emu_free_sync(void) {
   if (!emu_deferred()) return;
