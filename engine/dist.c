@@ -184,7 +184,7 @@ struct tt_work {
   tt_tensor **held;  /* a batch's tensors (nheld of them), kept alive the same way */
   int nheld;
   void *req;         /* the backend's; NULL when the work already completed */
-  int coll;          /* a collective (wait_coll), else a send (wait) */
+  int coll;          /* a collective or a batch (wait_coll), else a send (wait) */
 };
 
 tt_status tt_dist_isend(tt_group *g, const tt_tensor *t, int peer, int tag, tt_work **out) {

@@ -37,7 +37,6 @@ static tt_status mpi_err(const char *what, int rc) {
     if (rc_ != MPI_SUCCESS) return mpi_err(what, rc_); \
   } while (0)
 
-/* Reductions need a real MPI type; moves go as bytes (bf16, f16, fp8 too). */
 /* Before a call that blocks this process on another rank: under cuemu
  * (the CUDA backend emulated on the CPU, tests/cuemu) with deferred
  * streams, the emulated GPU's queued work runs now. A GPU progresses on its
@@ -51,6 +50,7 @@ static void host_blocks(void) { tt_emu_progress(); }
 static void host_blocks(void) {}
 #endif
 
+/* Reductions need a real MPI type; moves go as bytes (bf16, f16, fp8 too). */
 static tt_status mpi_reduce_type(int dtype, MPI_Datatype *out) {
   switch (dtype) {
     case TT_F32: *out = MPI_FLOAT; return TT_OK;

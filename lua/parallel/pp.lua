@@ -527,7 +527,7 @@ function Pipeline:step(mbs, loss_fn, ctx)
   local sched = self:actions(#mbs)
   local w = self.stages[1].model:parameters()[1]
   local dtype, device = w:dtype(), w:device()
-  local ins, outs, works = {}, {}, {}
+  local ins, outs = {}, {}
   local loss_sum = 0
   local function owner(s) return s % P end
   -- an input from stage `from`'s rank: received now (mpi) or taken from an earlier step's batch (nccl)
@@ -535,7 +535,7 @@ function Pipeline:step(mbs, loss_fn, ctx)
     if self.batched then return self:take(a.op .. ":" .. a.stage, a.mb) end
     return self.group:recv(self:boundary(mb, dtype, device), owner(from), tag)
   end
-  local function run(a)
+  local function run(a, works)
     local st, mb, key = self.by_id[a.stage], mbs[a.mb + 1], a.stage .. ":" .. a.mb
     if a.op == "F" then
       local x = mb.inputs
@@ -577,20 +577,27 @@ function Pipeline:step(mbs, loss_fn, ctx)
       if g then g:free() end
     end
   end
-  titan.scope(function()
-    if self.batched then
-      self.inbox, self.posted, self.nposted, self.waited = {}, {}, 0, 0
-      for _, st in ipairs(sched.steps) do
-        if st.action then run(st.action) end
-        self:post(st, mbs, dtype, device)
-      end
-      self:wait_posted()
-    else
-      for _, a in ipairs(sched.list) do run(a) end
-      for _, wk in ipairs(works) do wk:wait() end
-    end
-  end)
+  titan.scope(function() self:run_actions(sched, mbs, dtype, device, run) end)
   return loss_sum
+end
+
+-- run(action, works) for each of this rank's actions (sched: Pipeline:actions'
+-- or forward_actions'): on nccl step by step, each step's batch posted after
+-- its action, every batch waited for at the end; on mpi in the list's order,
+-- then the sends' works.
+function Pipeline:run_actions(sched, mbs, dtype, device, run)
+  local works = {}
+  if self.batched then
+    self.inbox, self.posted, self.nposted, self.waited = {}, {}, 0, 0
+    for _, st in ipairs(sched.steps) do
+      if st.action then run(st.action, works) end
+      self:post(st, mbs, dtype, device)
+    end
+    self:wait_posted()
+  else
+    for _, a in ipairs(sched.list) do run(a, works) end
+    for _, wk in ipairs(works) do wk:wait() end
+  end
 end
 
 -- A forward without gradients of every micro-batch (validation): the last
@@ -618,21 +625,7 @@ function Pipeline:forward_only(mbs, f)
     end)
   end
   titan.no_grad(function()
-    titan.scope(function()
-      local sched = self:forward_actions(#mbs)
-      if self.batched then
-        self.inbox, self.posted, self.nposted, self.waited = {}, {}, 0, 0
-        for _, st in ipairs(sched.steps) do
-          if st.action then run(st.action) end
-          self:post(st, mbs, dtype, device)
-        end
-        self:wait_posted()
-      else
-        local works = {}
-        for _, a in ipairs(sched.list) do run(a, works) end
-        for _, wk in ipairs(works) do wk:wait() end
-      end
-    end)
+    titan.scope(function() self:run_actions(self:forward_actions(#mbs), mbs, dtype, device, run) end)
   end)
 end
 

@@ -288,31 +288,32 @@ function M.apply(model, group, plan, opts)
     local n = gshape[1] / tp
     emb.num_embeddings = n
     local leave = sp and SeqScatterOut or ReduceOut
-    -- Two tables over the whole vocabulary, made once per device and dtype:
-    -- an id's row here (0 when not here) and whether it is here (1 / 0).
-    -- Looking the ids up in them keeps the forward on the device (the ids
-    -- are never read on the host, so nothing waits for the GPU).
-    local tables = {}
-    local function lookup(w, dev)
-      local key = dev .. ":" .. w:dtype()
-      local tb = tables[key]
-      if not tb then
+    -- Two tables over the whole vocabulary, kept on the module as the
+    -- model's RoPE tables are (made again, the old ones freed, when the
+    -- device or dtype changes): an id's row here (0 when not here) and
+    -- whether it is here (1 / 0). Looking the ids up in them keeps the
+    -- forward on the device (the ids are never read on the host, so nothing
+    -- waits for the GPU).
+    local function lookup(self, w, dev)
+      local tb = rawget(self, "_vocab_tables")
+      if not tb or tb.device ~= dev or tb.dtype ~= w:dtype() then
+        if tb then tb.at:free(); tb.here:free() end
         local at, here = {}, {}
         for v = 0, gshape[1] - 1 do
           local l = v - off[1]
           local mine = l >= 0 and l < n
           at[v + 1], here[v + 1] = mine and l or 0, mine and 1 or 0
         end
-        tb = { at = memory.keep(tensor.tensor(at, { dtype = "int64", device = dev })),
+        tb = { device = dev, dtype = w:dtype(), at = memory.keep(tensor.tensor(at, { dtype = "int64", device = dev })),
           here = memory.keep(tensor.tensor(here, { dtype = w:dtype(), device = dev })) }
-        tables[key] = tb
+        rawset(self, "_vocab_tables", tb)
       end
       return tb
     end
     rawset(emb, "forward", function(self, ids)
       local w = rawget(self, "weight")
       local y = memory.scope(function()
-        local tb = lookup(w, ids:device())
+        local tb = lookup(self, w, ids:device())
         local shape = ids:shape()
         local mshape = { unpack(shape) }
         mshape[#mshape + 1] = 1

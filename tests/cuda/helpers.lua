@@ -285,6 +285,17 @@ end
 -- The tolerance for dtype dt times a factor.
 function H.tol(dt, factor) return (H.TOL[dt] or 1e-5) * (factor or 1) end
 
+-- fn() with the environment variable var set to v (left unset for nil), unset afterwards. The CUDA
+-- backend's settings (the lean kernels' plans, TITAN_CUDA_GEMM_API) are read at each launch, so one
+-- process can go through every choice.
+pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
+function H.with_env(var, v, fn)
+  if v then ffi.C.setenv(var, v, 1) end
+  local fine, err = pcall(fn)
+  ffi.C.unsetenv(var)
+  if not fine then error(err, 0) end
+end
+
 -- Run fn inside a titan.scope (device memory released after each test).
 function H.scoped(fn) return function() titan.scope(fn) end end
 

@@ -261,19 +261,13 @@ describe("cuda matmul through cuBLAS (TITAN_CUDA_GEMM_API=cublas)", function()
   -- The setting is read at each GEMM. cuemu counts the cuBLAS GEMMs that ran (on a GPU the count is not
   -- there: the products are checked against the reference, which either library must give).
   local ffi = require("ffi")
-  pcall(ffi.cdef, "uint64_t tt_emu_blas_gemm_count(void);"
-    .. "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
+  pcall(ffi.cdef, "uint64_t tt_emu_blas_gemm_count(void);")
   local counted = H.ON_GPU and pcall(function() return ffi.C.tt_emu_blas_gemm_count end)
   local function count() return counted and tonumber(ffi.C.tt_emu_blas_gemm_count()) or nil end
   local function ran(before, want, what)
     if before then assert.are.equal(want, count() - before, what) end
   end
-  local function with_api(v, fn)
-    ffi.C.setenv("TITAN_CUDA_GEMM_API", v, 1)
-    local fine, err = pcall(fn)
-    ffi.C.unsetenv("TITAN_CUDA_GEMM_API")
-    if not fine then error(err, 0) end
-  end
+  local function with_api(v, fn) H.with_env("TITAN_CUDA_GEMM_API", v, fn) end
   -- op(a) @ op(b) (+ acc when given: beta = 1) on the device into a poisoned output, and the CPU's in float64
   local function product(a, b, ta, tb, acc, dt)
     local M, N = ta == 1 and a:size(2) or a:size(1), tb == 1 and b:size(1) or b:size(2)

@@ -488,15 +488,7 @@ local function norm_setting_refused(with_setting, dt, bads, want)
   ok(C.tt_op_rmsnorm(x._c, w._c, 1e-5, box(), box()), "rmsnorm with the setting unset")
 end
 
--- fn() with the environment variable var set to v (left unset for nil), unset afterwards. The lean
--- kernels' plan settings are read at each launch, so one process can go through every choice.
-pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
-local function with_env(var, v, fn)
-  if v then ffi.C.setenv(var, v, 1) end
-  local fine, err = pcall(fn)
-  ffi.C.unsetenv(var)
-  if not fine then error(err, 0) end
-end
+local with_env = H.with_env
 
 -- got (the lean kernels' output) has the same NaN and infinities (sign too) in the same places as want
 -- (the exact kernels'), and its finite values are within tol of want's largest finite magnitude. There
