@@ -529,8 +529,9 @@ end
 -- graphs: after the first step, replay the forward + backward and the
 -- update (clip, AdamW, zero_grad) from two CUDA graphs (titan.cuda_graph;
 -- training.cuda_graphs in the trainer). profile: one more step after the
--- timed ones, region by region (titan.profiler, a sync at every region):
--- where the step's time goes, printed and kept in the JSON.
+-- timed ones, region by region (titan.profiler on the device's clock, then
+-- again with a sync at every region): where the step's time goes, printed
+-- and kept in the JSON.
 local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, graphs, profile)
   for _, dt in ipairs(dtypes) do
     local r = guarded("train", label .. " " .. dt, need, function()
@@ -653,20 +654,40 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
             res.step_ms, tps,
             100 * res.mfu, res.peak_gib, build_s, last_loss))
         if profile and not graphs then
-          local prof = profiler.new({ sync = sync,
-            memory = function() return titan.memory_stats(stats_dev).allocated end })
-          prof:name_modules(model)
-          prof:start()
-          prof:region("step", "step", step, warmup + steps + 1)
-          prof:stop()
-          print(("  [profile] %s %s B%d T%d: one more step, timed region by region: %.1f ms (a device sync at "
-            .. "each region; the timed steps: %.1f ms)"):format(label, dt, B, T, prof:elapsed() * 1e3, res.step_ms))
-          print(prof:summary_text(30))
-          res.profile = {}
-          for i, row in ipairs(prof:summary()) do
-            if i > 80 then break end
-            res.profile[i] = { cat = row.cat, name = row.name, calls = row.calls, total_ms = row.total * 1e3,
-              self_ms = row.self * 1e3 }
+          -- One more step timed on the device's stream (events, no host
+          -- wait: the step runs as the timed ones), then one with a sync at
+          -- each region's edges (the earlier checks' way: a region's own
+          -- kernels, launch gaps taken out, the whole step slower).
+          local function profile_step(opts)
+            opts.memory = function() return titan.memory_stats(stats_dev).allocated end
+            local prof = profiler.new(opts)
+            prof:name_modules(model)
+            prof:start()
+            prof:region("step", "step", step, warmup + steps + 1)
+            prof:stop()
+            local rows = {}
+            for i, row in ipairs(prof:summary()) do
+              if i > 80 then break end
+              rows[i] = { cat = row.cat, name = row.name, calls = row.calls, total_ms = row.total * 1e3,
+                self_ms = row.self * 1e3, host_ms = row.host and row.host * 1e3 or nil }
+            end
+            return prof, rows
+          end
+          local dc = ON_GPU and require("titan.device_clock").new(DEV) or nil
+          local prof, rows = profile_step({ device_clock = dc, sync = not dc and sync or nil })
+          print(("  [profile] %s %s B%d T%d: one more step, timed region by region %s: %.1f ms (%sthe timed steps: "
+            .. "%.1f ms)"):format(label, dt, B, T, dc and "on the device (events on its stream)" or "on the host",
+            prof:elapsed() * 1e3, dc and ("the host queued it in %.1f ms; "):format(prof:host_elapsed() * 1e3) or "",
+            res.step_ms))
+          print(prof:summary_text(40))
+          res.profile, res.profile_clock = rows, dc and "device" or "host"
+          if dc then
+            dc:free()
+            prof, rows = profile_step({ sync = sync })
+            print(("  [profile] %s %s B%d T%d: one more step, a device sync at each region's edges: %.1f ms")
+              :format(label, dt, B, T, prof:elapsed() * 1e3))
+            print(prof:summary_text(12))
+            res.profile_sync = rows
           end
         end
         return res

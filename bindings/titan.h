@@ -138,6 +138,24 @@ tt_status tt_device_synchronize(tt_device dev);
 void tt_set_deterministic(int on);
 int tt_deterministic(void);
 
+/* ---- device clock: marks timed where the device's work runs ------------ */
+/* The profiler's clock (lua/titan/profiler.lua). A mark is recorded on
+ * dev's compute stream with no host wait (a CUDA event with timing; the
+ * host's monotonic clock on cpu); reading waits for the marks and gives
+ * the seconds from mark 0 to each. So a region between two marks is timed
+ * as the device ran it, without the syncs that slow a profiled step.
+ * Marks are refused while the stream is captured into a CUDA graph
+ * (TT_ERR_UNSUPPORTED). The events are made as marks first need them and
+ * kept: clear() starts the count again at 0. */
+typedef struct tt_timer tt_timer;
+tt_status tt_timer_new(tt_device dev, tt_timer **out);
+tt_status tt_timer_mark(tt_timer *t);
+int64_t tt_timer_count(const tt_timer *t);
+/* seconds[i] = time from mark 0 to mark i, i < n <= count (TT_ERR_INVALID past it). */
+tt_status tt_timer_read(tt_timer *t, double *seconds, int64_t n);
+void tt_timer_clear(tt_timer *t);
+void tt_timer_free(tt_timer *t);
+
 /* ---- dtypes ----------------------------------------------------------- */
 size_t tt_dtype_size(int dtype);
 const char *tt_dtype_name(int dtype);

@@ -105,6 +105,15 @@ typedef struct tt_kernels {
   tt_status (*event_record)(int device, int stream, void **event);
   /* 1: the event's work is done; 0: not yet; < 0: the query failed. */
   int (*event_query)(void *event);
+  /* The device clock of engine/timer.c (the profiler's marks): *event
+   * made with timing, recorded on nothing yet; timer_event_mark records it
+   * (again) on the device's compute stream, refused while that stream is
+   * captured into a CUDA graph; timer_event_elapsed gives the milliseconds
+   * from `start` to `end`, both complete (event_wait on the later first).
+   * NULL on the CPU (the host's clock); freed with event_free. */
+  tt_status (*timer_event_new)(int device, void **event);
+  tt_status (*timer_event_mark)(int device, void *event);
+  tt_status (*timer_event_elapsed)(void *start, void *end, float *ms);
 
   /* -- data movement -- */
   /* dst[idx] = (dst_dtype) src[idx] over an ndim index space. */

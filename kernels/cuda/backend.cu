@@ -316,6 +316,9 @@ static tt_kernels tt_cuda_table_make(void) {
   k.event_free = tt_cuda_event_free;
   k.event_record = tt_cuda_event_record;
   k.event_query = tt_cuda_event_query;
+  k.timer_event_new = tt_cuda_timer_event_new;
+  k.timer_event_mark = tt_cuda_timer_event_mark;
+  k.timer_event_elapsed = tt_cuda_timer_event_elapsed;
   return k;
 }
 

@@ -64,6 +64,9 @@ tt_status tt_cuda_event_wait(void *event);
 void tt_cuda_event_free(void *event);
 tt_status tt_cuda_event_record(int device, int stream, void **event);
 int tt_cuda_event_query(void *event);
+tt_status tt_cuda_timer_event_new(int device, void **event);
+tt_status tt_cuda_timer_event_mark(int device, void *event);
+tt_status tt_cuda_timer_event_elapsed(void *start, void *end, float *ms);
 
 /* rng.cu: arange and random numbers (the same Philox stream as the CPU). */
 tt_status tt_cuda_arange(int dtype, int64_t n, double start, double step, void *dst);

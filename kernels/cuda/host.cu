@@ -116,3 +116,37 @@ extern "C" int tt_cuda_event_query(void *event) {
   tt_cuda_fail(err, "cudaEventQuery", __FILE__, __LINE__);
   return -1;
 }
+
+/* The profiler's device clock (engine/timer.c): events with timing, made
+ * once and recorded again at each mark, on the compute stream, so a
+ * region's time is what the stream spent between its marks, with no host
+ * wait in between. */
+extern "C" tt_status tt_cuda_timer_event_new(int device, void **event) {
+  *event = NULL;
+  cudaStream_t compute;
+  tt_status st = tt_cuda_select(device, &compute);
+  if (st != TT_OK) return st;
+  cudaEvent_t e;
+  TT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));
+  *event = (void *)e;
+  return TT_OK;
+}
+
+extern "C" tt_status tt_cuda_timer_event_mark(int device, void *event) {
+  cudaStream_t compute;
+  tt_status st = tt_cuda_select(device, &compute);
+  if (st != TT_OK) return st;
+  /* In a capture the record would become a graph dependency, not a time. */
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  TT_CUDA_CHECK(cudaStreamIsCapturing(compute, &cap));
+  if (cap != cudaStreamCaptureStatusNone)
+    return tt_error_set(TT_ERR_UNSUPPORTED, "timer: cuda:%d's stream is being captured into a CUDA graph; device "
+                        "marks time eager work only", device);
+  TT_CUDA_CHECK(cudaEventRecord((cudaEvent_t)event, compute));
+  return TT_OK;
+}
+
+extern "C" tt_status tt_cuda_timer_event_elapsed(void *start, void *end, float *ms) {
+  TT_CUDA_CHECK(cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)end));
+  return TT_OK;
+}

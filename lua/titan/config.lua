@@ -106,6 +106,7 @@ M.defaults = {
     enable_profiling = false,             -- time every module, backward node and phase of some steps
     save_traces_folder = "profile_traces", -- under job.dump_folder: iteration_N/rank<r>_trace.json
     profile_freq = 10,                    -- the steps profiled: every Nth
+    region_timing = "device",             -- on a GPU: "device" (marks on its stream) or "sync" (a sync per edge)
   },
 }
 
@@ -195,6 +196,7 @@ M.descriptions = {
   ["profiling.enable_profiling"] = "time every module, backward node and phase of every profile_freq-th step",
   ["profiling.save_traces_folder"] = "under job.dump_folder: iteration_N/rank<r>_trace.json (Chrome trace) + summary",
   ["profiling.profile_freq"] = "profile every Nth step",
+  ["profiling.region_timing"] = "on a GPU: device (events on its stream, the step runs as unprofiled) or sync",
 }
 
 local function sorted_keys(t)
@@ -424,6 +426,8 @@ function M.validate(cfg)
   local prof = cfg.profiling
   need(prof.profile_freq >= 1 and prof.profile_freq % 1 == 0, ("profiling.profile_freq = %s; expected a positive "
     .. "number of steps"):format(tostring(prof.profile_freq)))
+  need(prof.region_timing == "device" or prof.region_timing == "sync", ("profiling.region_timing = '%s'; expected "
+    .. "device or sync"):format(tostring(prof.region_timing)))
   need(prof.save_traces_folder ~= "", "profiling.save_traces_folder is empty; expected a folder name under "
     .. "job.dump_folder")
   need(not (prof.enable_profiling and t.cuda_graphs), "profiling.enable_profiling: not with training.cuda_graphs "

@@ -443,10 +443,14 @@ function M.new(cfg, opts)
   if t.cuda_graphs then require("titan.graph_step").enable(self, cfg) end
 
   -- Profiling (docs/profiling.md): regions of every profile_freq-th step,
-  -- the device synchronized at each region's edges on a GPU.
+  -- on a GPU timed by events on its stream (or with a device sync at each
+  -- region's edges: profiling.region_timing = sync).
   if cfg.profiling.enable_profiling then
     local dev = t.device
-    self.profiler = profiler.new({ sync = dev:match("^cuda") and function() titan.synchronize(dev) end or nil,
+    local gpu = dev:match("^cuda") ~= nil
+    local by_device = gpu and cfg.profiling.region_timing == "device"
+    self.profiler = profiler.new({ sync = gpu and not by_device and function() titan.synchronize(dev) end or nil,
+      device_clock = by_device and require("titan.device_clock").new(dev) or nil,
       memory = function() return titan.memory_stats(dev).allocated end })
     self.profiler:name_modules(self.model)
   end
@@ -799,6 +803,14 @@ function Trainer:traces_folder()
   return f:sub(1, 1) == "/" and f or (self.cfg.job.dump_folder .. "/" .. f)
 end
 
+-- How a profiled step's regions were timed, for its first line.
+function Trainer:profile_how(prof)
+  if prof.device_clock then
+    return (" on the device (events on its stream; the host queued it in %.1f ms)"):format(prof:host_elapsed() * 1e3)
+  end
+  return self.device:match("^cuda") and " with a device sync at each (slower than an unprofiled step)" or ""
+end
+
 -- A profiled step's trace and summary: <dump_folder>/<save_traces_folder>/
 -- iteration_<step>/rank<r>_trace.json and rank<r>_summary.txt; rank 0
 -- prints the heaviest regions.
@@ -811,12 +823,11 @@ function Trainer:write_profile(step, prof)
   local f = io.open(("%s/rank%d_summary.txt"):format(dir, self.rank), "w")
   if f then
     f:write(("step %d, rank %d, %.3f ms timed region by region%s\n"):format(step, self.rank, prof:elapsed() * 1e3,
-      self.device:match("^cuda") and ", with a device sync at each" or ""), text, "\n")
+      self:profile_how(prof)), text, "\n")
     f:close()
   end
-  local synced = self.device:match("^cuda") and " with a device sync at each (slower than an unprofiled step)" or ""
   self.print(("profiler: step %d took %.1f ms timed region by region%s; trace %s; the heaviest regions by their "
-    .. "own time:"):format(step, prof:elapsed() * 1e3, synced, trace))
+    .. "own time:"):format(step, prof:elapsed() * 1e3, self:profile_how(prof), trace))
   self.print(prof:summary_text(12))
 end
 

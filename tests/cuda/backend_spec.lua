@@ -137,6 +137,35 @@ describe("cuda backend", function()
 
   -- (Every op is compared with the CPU in ops_spec.lua, attention_spec.lua
   -- and model_spec.lua; an op without a CUDA kernel fails there.)
+  it("the device clock times the stream's work between its marks; none while a graph is captured", function()
+    local device_clock = require("titan.device_clock")
+    local dc = device_clock.new("cuda")
+    local x = titan.randn({ 1024, 1024 }, { device = "cuda", seed = 6 })
+    dc:mark()
+    for _ = 1, 8 do x = titan.matmul(x, x):scale(1e-3) end
+    dc:mark()
+    dc:mark() -- nothing in between
+    local s = dc:read()
+    assert.are.equal(3, #s)
+    assert.are.equal(0, s[1])
+    assert.truthy(s[2] >= 0 and s[3] >= s[2], table.concat(s, " "))
+    if not os.getenv("TITAN_CUEMU") then -- (cuemu times nothing: 0)
+      assert.truthy(s[2] > 0, "8 matmuls of 1024^2 took no time on the device")
+      assert.truthy(s[3] - s[2] < s[2], table.concat(s, " "))
+    end
+    dc:clear()
+    -- (the capture stays healthy: capture() raises fn's error)
+    local ok, why = pcall(require("titan.cuda_graph").capture, "cuda", function()
+      dc:mark()
+      return x:scale(2)
+    end)
+    assert.is_false(ok)
+    assert.truthy(tostring(why):find("captured into a CUDA graph; device marks time eager work only", 1, true),
+      tostring(why))
+    assert.are.equal(0, dc:count())
+    dc:free()
+  end)
+
   it("an op mixing CPU and CUDA tensors fails with a clear message", function()
     local d = titan.ones({ 4, 4 }, { device = "cuda" })
     local ok, err = pcall(function() return titan.F.rms_norm(d, titan.ones({ 4 })) end)

@@ -88,6 +88,26 @@ describe("a training step's host traffic on a GPU (cuemu's counts)", function()
   end)
   end
 
+  it("profiled on the device clock: one more wait a step (the marks, read at its end), no allocation", function()
+    local tr, lines = new_trainer({ "--profiling.enable_profiling", "--profiling.profile_freq=1" })
+    local per = measure(tr, 2, 2)
+    show("profiled, device clock", per, {})
+    local log = table.concat(lines, "\n")
+    close(tr)
+    assert.truthy(log:find("timed region by region on the device (events on its stream", 1, true), log)
+    assert.are.equal(2, per.syncs, "host synchronizations per step (the loss, the marks)")
+    assert.are.equal(1, per.sync_copies, "copies the host waits for per step (the loss)")
+    assert.are.equal(0, per.mallocs + per.frees, "cudaMalloc or cudaFree per step")
+    -- the sync plan waits at both edges of every region
+    tr, lines = new_trainer({ "--profiling.enable_profiling", "--profiling.profile_freq=1",
+      "--profiling.region_timing=sync" })
+    per = measure(tr, 2, 2)
+    log = table.concat(lines, "\n")
+    close(tr)
+    assert.truthy(log:find("timed region by region with a device sync at each", 1, true), log)
+    assert.truthy(per.syncs > 100, "a sync at every region's edges: " .. per.syncs)
+  end)
+
   it("with training.cuda_graphs: one wait, no allocation, no kernel launched by the host", function()
     local tr, lines = new_trainer({ "--training.cuda_graphs=true" })
     -- step 1 eager, step 2 captures (emptying the shared cache), step 3

@@ -34,12 +34,93 @@ describe("profiler regions", function()
     p:stop()
     assert.are.same({ 42, "two" }, r) -- every result of fn comes back
     assert.are.equal(10, p:elapsed())
-    assert.are.equal(1 + 2 * 3, c.syncs) -- start, then both edges of three regions
+    assert.are.equal(1 + 2 * 3 + 1, c.syncs) -- start, both edges of three regions, stop
     local rows = {}
     for _, row in ipairs(p:summary()) do rows[row.cat .. " " .. row.name] = row end
     assert.are.same({ cat = "step", name = "outer", calls = 1, total = 10, self = 5 }, rows["step outer"])
     assert.are.same({ cat = "module", name = "inner", calls = 2, total = 5, self = 5 }, rows["module inner"])
     assert.is_nil(profiler.active)
+  end)
+
+  it("with a device clock: regions timed by its marks, the host's own time beside them, no sync", function()
+    -- A device that runs 10x slower than the host queues: each mark is
+    -- read back at 10x the host clock's reading when it was made.
+    local c = fake()
+    local marks = {}
+    local dc = {
+      mark = function() marks[#marks + 1] = c.t; return #marks end,
+      read = function()
+        local s = {}
+        for i, t in ipairs(marks) do s[i] = 10 * (t - marks[1]) end
+        return s
+      end,
+      clear = function() marks = {} end,
+    }
+    local p = profiler.new({ clock = c.clock, sync = c.sync, device_clock = dc })
+    p:start()
+    p:region("outer", "step", function()
+      c.advance(1)
+      profiler.region("inner", "module", function() c.advance(2) end)
+      c.advance(4)
+    end)
+    c.advance(0.5)
+    p:stop()
+    assert.are.equal(0, c.syncs, "no host sync with a device clock")
+    assert.are.equal(1 + 2 * 2 + 1, #marks) -- start, both edges of two regions, stop
+    assert.are.equal(75, p:elapsed()) -- the device's 7.5 x 10
+    assert.are.equal(7.5, p:host_elapsed())
+    local rows = {}
+    for _, row in ipairs(p:summary()) do rows[row.name] = row end
+    assert.are.same({ cat = "step", name = "outer", calls = 1, total = 70, self = 50, host = 5 }, rows.outer)
+    assert.are.same({ cat = "module", name = "inner", calls = 1, total = 20, self = 20, host = 2 }, rows.inner)
+    local text = p:summary_text()
+    assert.truthy(text:find("self %%%s+host ms\n"), text)
+    assert.truthy(text:find("inner%s+1%s+20000%.000%s+20000%.000%s+26%.7%%%s+2000%.000"), text)
+    local ev = p:trace().traceEvents
+    assert.are.equal("inner", ev[2].name)
+    assert.are.equal(10 * 1e6, ev[2].ts) -- inner starts 1 s of host clock after start, x10
+    assert.are.equal(7000, ev[1].args.host_ms)
+    -- a second round starts the marks again
+    p:start()
+    p:region("again", "step", function() c.advance(1) end)
+    p:stop()
+    assert.are.equal(4, #marks)
+    assert.are.equal(10, p:elapsed())
+  end)
+
+  it("titan.device_clock on the CPU: the host's clock, read in order; bad use gets one clear error", function()
+    local device_clock = require("titan.device_clock")
+    local dc = device_clock.new("cpu")
+    assert.are.equal(1, dc:mark())
+    local x = titan.randn({ 64, 64 })
+    for _ = 1, 20 do x = titan.matmul(x, x):scale(1e-2) end
+    assert.are.equal(2, dc:mark())
+    local s = dc:read()
+    assert.are.equal(2, #s)
+    assert.are.equal(0, s[1])
+    assert.truthy(s[2] > 0 and s[2] < 60, tostring(s[2]))
+    dc:clear()
+    assert.are.equal(0, dc:count())
+    assert.are.same({}, dc:read())
+    dc:free()
+    dc:free() -- twice is fine
+    local ok, err = pcall(device_clock.new, "meta")
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("timer: meta runs no work to time (expected cpu or cuda:N)", 1, true), err)
+    -- reading more marks than were made (the C API's bound)
+    local ffi, C = titan.ffi, titan.C
+    local t = ffi.new("tt_timer*[1]")
+    assert.are.equal(0, C.tt_timer_new(require("titan.tensor").device_of("cpu"), t))
+    assert.are.equal(0, C.tt_timer_mark(t[0]))
+    local buf = ffi.new("double[2]")
+    assert.are_not.equal(0, C.tt_timer_read(t[0], buf, 2))
+    assert.truthy(ffi.string(C.tt_last_error()):find("timer: read of 2 marks, but 1 were made", 1, true))
+    C.tt_timer_free(t[0])
+    if not titan.cuda_available() then
+      ok, err = pcall(device_clock.new, "cuda:0")
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find("timer: cuda:0 is not available", 1, true), err)
+    end
   end)
 
   it("without an active profiler a region is the plain call, and a module call is its forward", function()

@@ -282,6 +282,7 @@ describe("bad recipes", function()
       { debug .. "--training.threads=0", "training.threads must be -1 (OMP_NUM_THREADS or all cores) or a positive" },
       { debug .. "--model.name=gpt2", "model.name: no model family 'gpt2'; expected one of llama3" },
       { debug .. "--profiling.profile_freq=0", "profiling.profile_freq = 0; expected a positive number of steps" },
+      { debug .. "--profiling.region_timing=events", "profiling.region_timing = 'events'; expected device or sync" },
       { debug .. "--profiling.enable_profiling --training.cuda_graphs", "profiling.enable_profiling: not with "
         .. "training.cuda_graphs (a step replayed from a graph has no regions to time)" },
       { debug .. "--profiling.enable_profiling --profiling.save_traces_folder=" .. file .. "/traces",
