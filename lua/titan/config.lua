@@ -65,6 +65,8 @@ M.defaults = {
   metrics = {
     log_freq = 1,
     enable_jsonl = true,
+    enable_tensorboard = false,           -- TensorBoard event files (rank 0) under job.dump_folder/save_tb_folder
+    save_tb_folder = "tb",                -- one subfolder a run: <YYYYmmdd-HHMM>
     peak_flops = -1,        -- FLOP/s of one device for MFU; -1: measured (CPU) or the GPU's table value
   },
   checkpoint = {
@@ -156,6 +158,8 @@ M.descriptions = {
   ["validation.split"] = "fraction of documents held out",
   ["metrics.log_freq"] = "a log line every N steps (and at the first and last)",
   ["metrics.enable_jsonl"] = "write <dump_folder>/metrics.jsonl",
+  ["metrics.enable_tensorboard"] = "write TensorBoard event files (rank 0): tensorboard --logdir <dump_folder>/<save_tb_folder>",
+  ["metrics.save_tb_folder"] = "under job.dump_folder; each run writes into a <YYYYmmdd-HHMM> subfolder of it",
   ["metrics.peak_flops"] = "FLOP/s of one device for MFU; -1: measured (CPU) or the GPU's table value",
   ["checkpoint.enable"] = "save checkpoints",
   ["checkpoint.folder"] = "under job.dump_folder (or absolute)",
@@ -423,6 +427,7 @@ function M.validate(cfg)
     "training.mixed_precision_reduce: only float32 gradient reduction is available, got '" .. t.mixed_precision_reduce .. "'")
   need(cfg.optimizer.name == "AdamW", "optimizer.name: only AdamW is available, got '" .. cfg.optimizer.name .. "'")
   need(cfg.metrics.log_freq >= 1, "metrics.log_freq must be >= 1")
+  need(cfg.metrics.save_tb_folder ~= "", "metrics.save_tb_folder is empty; expected a folder name under job.dump_folder")
   local prof = cfg.profiling
   need(prof.profile_freq >= 1 and prof.profile_freq % 1 == 0, ("profiling.profile_freq = %s; expected a positive "
     .. "number of steps"):format(tostring(prof.profile_freq)))

@@ -32,7 +32,8 @@ end
 local Logger = {}
 Logger.__index = Logger
 
--- opts: jsonl_path (or nil), device, peak_flops, flops_per_token, rank,
+-- opts: jsonl_path (or nil), tensorboard (a titan.tensorboard Writer, or
+-- nil: it gets each logged step's scalars), device, peak_flops, flops_per_token, rank,
 -- print (where lines go; default: stdout), remeasure_peak (or nil: a
 -- function giving a fresh peak estimate, for a peak that was measured; see
 -- Logger:log_step)
@@ -108,16 +109,31 @@ function Logger:log_step(rec)
       rec.step, rec.loss, rec.grad_norm or 0, rec.lr or 0, gib, peak_gib, pct, M.commas(tps), flops / 1e12, mfu,
       M.duration(rec.elapsed)))
   self:write_jsonl(rec)
+  if self.opts.tensorboard then
+    local tags = {}
+    for field, tag in pairs(M.tensorboard_tags) do tags[tag] = rec[field] end
+    self.opts.tensorboard:scalars(rec.step, tags)
+  end
   self.t_last, self.tokens_since = probed_at or now, 0
 end
+
+-- A step record's fields and their TensorBoard tags (TorchTitan's where it has them).
+M.tensorboard_tags = {
+  loss = "loss_metrics/global_avg_loss", grad_norm = "grad_norm", lr = "lr", tps = "throughput(tps)",
+  tflops = "tflops", mfu = "mfu(%)", memory_gib = "memory/allocated(GiB)",
+  memory_peak_gib = "memory/peak_allocated(GiB)", memory_pct = "memory/peak_allocated(%)",
+  elapsed = "time_metrics/elapsed(s)",
+}
 
 function Logger:log_validation(step, loss, ntok)
   self.print(("validate: step %5d  loss: %7.4f  (%d tokens)"):format(step, loss, ntok))
   self:write_jsonl({ step = step, validation_loss = loss, validation_tokens = ntok })
+  if self.opts.tensorboard then self.opts.tensorboard:scalars(step, { ["validation_metrics/loss"] = loss }) end
 end
 
 function Logger:close()
   if self.jsonl then self.jsonl:close(); self.jsonl = nil end
+  if self.opts.tensorboard then self.opts.tensorboard:close() end
 end
 
 function M.commas(x)

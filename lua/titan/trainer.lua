@@ -463,8 +463,18 @@ function M.new(cfg, opts)
   local measured = peak <= 0 and t.device == "cpu"
   if peak <= 0 then peak = measured and metrics.measure_cpu_peak_flops() or 989e12 end
   self.peak_flops = peak
+  local tb
+  if cfg.metrics.enable_tensorboard and self.rank == 0 then
+    -- (as TorchTitan: a subfolder a run, so tensorboard shows each as a run)
+    local f = cfg.metrics.save_tb_folder
+    local dir = (f:sub(1, 1) == "/" and f or (cfg.job.dump_folder .. "/" .. f)) .. "/" .. os.date("%Y%m%d-%H%M")
+    mkdir_p(dir, "metrics.save_tb_folder")
+    tb = require("titan.tensorboard").Writer(dir)
+    self.print("metrics: TensorBoard events in " .. tb.path)
+  end
   self.logger = metrics.Logger({
     jsonl_path = cfg.metrics.enable_jsonl and self.rank == 0 and (cfg.job.dump_folder .. "/metrics.jsonl") or nil,
+    tensorboard = tb,
     device = t.device, peak_flops = peak, flops_per_token = flops, rank = self.rank, print = self.print,
     remeasure_peak = measured and metrics.measure_cpu_peak_flops or nil,
   })
