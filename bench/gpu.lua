@@ -447,6 +447,32 @@ local function lean_bench(rows, hidden, vocab, heads, head_dim, dt, plan)
   if plan then with_plans(plan, go) else go() end
 end
 
+-- The embedding's weight gradient (index_add over one slice): n ids into vocab x dim, with ids as
+-- skewed as a BPE vocabulary's tokens (u^4: a few hot low rows) or uniform, through the sorted plan
+-- and the scan (TITAN_CUDA_INDEX_ADD_PLAN). GB/s counts dy read and its rows' read and write.
+local function embed_bench(n, vocab, dim, dt)
+  for _, dist in ipairs({ "skewed", "uniform" }) do
+    for _, plan in ipairs({ "sorted", "scan" }) do
+      local label = ("embedding bwd (%s, %s ids)"):format(plan, dist)
+      guarded("memory", label, ON_GPU and 4 or 0, function()
+        local u = titan.rand({ n }, { seed = 3, offset = 0, dtype = "float64" })
+        if dist == "skewed" then u = u:pow(4) end
+        u:mul_(vocab)
+        local ids = u:to("int64"):to(DEV)
+        local dy = rand_dev({ n, dim }, dt, 6)
+        local dw = titan.zeros({ vocab, dim }, { dtype = dt, device = DEV })
+        local go = function() check(C.tt_op_embedding_backward(dy._c, ids._c, dw._c), "embedding_backward") end
+        ffi.C.setenv("TITAN_CUDA_INDEX_ADD_PLAN", plan, 1)
+        local fine, t = pcall(function() return time_it(go, reps_for(go, 0.05), 5, 2) end)
+        ffi.C.unsetenv("TITAN_CUDA_INDEX_ADD_PLAN")
+        if not fine then error(t, 0) end
+        mem_row({ kernel = label, dtype = dt, shape = ("%dx%d of %d"):format(n, dim, vocab), ms = t * 1e3,
+          gbps = 3 * n * dim * esize(dt) / t / 1e9 })
+      end)
+    end
+  end
+end
+
 local function adamw_bench(n, pdt, gdt, master)
   local label = ("adamw %s%s"):format(pdt, master and "+master" or "")
   guarded("memory", label, ON_GPU and 8 or 0, function()
@@ -729,6 +755,7 @@ if S then
   adamw_bench(65536, "float32", "float32", false)
   lean_bench(16, 64, 2048, 4, 16, BF)
   lean_bench(16, 64, 2048, 4, 16, BF, "exact")
+  embed_bench(64, 256, 16, BF)
   adamw_model_bench("debugmodel")
 else
   copy_bench(268435456, "float32")
@@ -741,6 +768,8 @@ else
   -- the 1B step's SwiGLU, loss and query RoPE shapes (8192 tokens), lean and exact
   lean_bench(8192, 8192, 128256, 32, 64, "bfloat16")
   lean_bench(8192, 8192, 128256, 32, 64, "bfloat16", "exact")
+  -- the 1B step's embedding gradient (8192 ids, vocab 128256, dim 2048)
+  embed_bench(8192, 128256, 2048, "bfloat16")
 end
 if S then
   train_bench("tiny", { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 256, multiple_of = 32,

@@ -3,11 +3,12 @@
  *
  * The lookup is index_select's row mover with outer 1 (16-byte units when
  * the rows allow): f32, f64, bf16 and f16 weights. The gradient is
- * index_add's deterministic scatter with outer 1: a thread owns one column
- * of a range of vocabulary rows and walks the ids in order, so every row of
- * dweight receives its additions in id order — no float atomics, no
- * sorting, bit-identical from run to run and to the CPU for f32 and f64
- * (bf16/f16 gradients round after each addition, as index_add does).
+ * index_add's deterministic add with outer 1: the ids sorted by row (a
+ * counting sort, stable), then each row's hits summed in id order by the
+ * row's own threads, so every row of dweight receives its additions in id
+ * order — no float atomics, bit-identical from run to run and to the CPU
+ * for f32 and f64 (bf16/f16 gradients round after each addition, as
+ * index_add does); see index.cu.
  * Ids outside [0, vocab) give zero rows, add nothing and are recorded as
  * index faults (see index.cu).
  */

@@ -396,6 +396,103 @@ describe("cuda ops: embedding", function()
   end
 end)
 
+describe("cuda ops: index_add over one slice (the embedding gradient) sorted by row", function()
+  -- ids skewed as a BPE vocabulary's tokens are (u^4: a few hot low rows),
+  -- with -1 and n where bad ones are wanted
+  local function skewed(n, V, seed, bad)
+    local u = titan.rand({ n }, { seed = seed, offset = 0, dtype = "float64" }):pow(4)
+    u:mul_(V)
+    local ids = u:to("int64")
+    if bad then
+      local h = ids:tolist_flat()
+      h[7], h[n - 3] = -1, V
+      ids = titan.tensor(h, { dtype = "int64" })
+    end
+    return ids
+  end
+  local function both(fn) -- the default (sorted) plan's result and the scan's
+    local a = fn()
+    local b
+    H.with_env("TITAN_CUDA_INDEX_ADD_PLAN", "scan", function() b = fn() end)
+    return a, b
+  end
+
+  for _, dt in ipairs(H.ON_GPU and { "float32", "bfloat16", "float64" } or { "float32", "float64" }) do
+    it("gives the scan's bits, and the CPU's for f32 (" .. dt .. ")", H.scoped(function()
+      -- n over several chunks of the sort; D = 33: no 16-byte units, one column a thread
+      for _, c in ipairs({ { 3000, 8016, 64 }, { 2500, 500, 33 }, { 5, 3, 8 } }) do
+        local n, V, D = c[1], c[2], c[3]
+        local ids = skewed(n, V, n + D)
+        local dy = H.randn({ n, D }, 70 + D, dt)
+        local dw0 = H.randn({ V, D }, 80 + D, dt, 0.1)
+        local what = ("embedding_backward n%d V%d D%d %s"):format(n, V, D, dt)
+        local sorted, scan = both(function()
+          local g = dev(dw0)
+          ok(C.tt_op_embedding_backward(dev(dy)._c, dev(ids)._c, g._c), what)
+          return g
+        end)
+        H.check_exact(sorted, scan, what .. ": sorted vs scan")
+        if dt == "float32" then -- the CPU adds in the same order
+          local cpu = dw0:clone()
+          ok(C.tt_op_embedding_backward(dy._c, ids._c, cpu._c), what .. " (CPU)")
+          H.check_exact(sorted, cpu, what .. ": against the CPU")
+        end
+        -- index_add along dim 0 of a 2-D tensor is the same path
+        local isorted, iscan = both(function()
+          local g = dev(dw0)
+          ok(C.tt_op_index_add(g._c, 0, dev(ids)._c, dev(dy)._c), what)
+          return g
+        end)
+        H.check_exact(isorted, iscan, "index_add dim 0: sorted vs scan")
+        H.check_exact(isorted, sorted, "index_add dim 0 = embedding_backward")
+      end
+    end))
+  end
+
+  it("skips and reports an id out of range as the scan does", H.scoped(function()
+    if not H.ON_GPU then return end -- (the CPU refuses bad ids before adding: index_check_spec)
+    local ids = skewed(1500, 300, 5, true)
+    local dy = H.randn({ 1500, 16 }, 6, "float32")
+    local dw0 = H.randn({ 300, 16 }, 7, "float32")
+    local sorted, scan = both(function()
+      local g = dev(dw0)
+      ok(C.tt_op_embedding_backward(dev(dy)._c, dev(ids)._c, g._c), "embedding_backward with bad ids")
+      local st = C.tt_device_synchronize(require("titan.tensor").device_of(H.DEV))
+      assert.are_not.equal(0, st, "the bad ids are reported at the next sync")
+      assert.truthy(ffi.string(C.tt_last_error()):find("embedding_backward: index", 1, true))
+      return g
+    end)
+    H.check_exact(sorted, scan, "bad ids: sorted vs scan")
+  end))
+
+  it("falls back to the scan where the scratch cannot hold the sort (and gives its bits)", H.scoped(function()
+    -- 2M rows: one chunk's counts fill half the 16 MiB scratch, so 20000 ids
+    -- would need chunks of more than the 12288 a block sorts
+    local V, n = 2000000, 20000
+    local ids = skewed(n, V, 9)
+    local dy = H.randn({ n, 1 }, 10, "float32")
+    local dw0 = H.randn({ V, 1 }, 11, "float32")
+    local sorted, scan = both(function()
+      local g = dev(dw0)
+      ok(C.tt_op_embedding_backward(dev(dy)._c, dev(ids)._c, g._c), "embedding_backward V2M")
+      return g
+    end)
+    H.check_exact(sorted, scan, "fallback: sorted vs scan")
+  end))
+
+  it("a misspelt TITAN_CUDA_INDEX_ADD_PLAN fails the op with one line", H.scoped(function()
+    H.with_env("TITAN_CUDA_INDEX_ADD_PLAN", "sort", function()
+      local g = dev(titan.zeros({ 4, 8 }))
+      local st = C.tt_op_embedding_backward(dev(titan.ones({ 2, 8 }))._c, dev(titan.tensor({ 1, 2 },
+        { dtype = "int64" }))._c, g._c)
+      if not H.ON_GPU then return end -- (the CPU backend reads no such setting)
+      assert.are_not.equal(0, st)
+      assert.truthy(ffi.string(C.tt_last_error()):find(
+        "cuda embedding_backward: TITAN_CUDA_INDEX_ADD_PLAN=sort: expected sorted or scan", 1, true))
+    end)
+  end))
+end)
+
 -- One RMSNorm case: seeded inputs and the CPU float64 reference of y, rstd,
 -- dx and dweight (accumulated onto dw0).
 local function rmsnorm_case(rows, dim, dt, seed)
