@@ -72,7 +72,8 @@ function Attention:forward(x, rope)
   local k = self.wk(x):view(B, T, -1, self.head_dim)
   local v = self.wv(x):view(B, T, -1, self.head_dim)
   q, k = F.rope(q, rope), F.rope(k, rope)
-  local o = F.attention(q, k, v, { causal = true })
+  -- (under context parallelism, x holds this rank's tokens of each sequence: lua/parallel/cp.lua)
+  local o = self.cp and self.cp:attention(q, k, v) or F.attention(q, k, v, { causal = true })
   return self.wo(o:view(B, T, -1))
 end
 
@@ -148,7 +149,13 @@ end
 -- (which stays the caller's), and without norm and output it returns its own.
 function Transformer:forward(ids)
   local h = self.tok_embeddings and self.tok_embeddings(ids) or ids
-  local rope = self:rope_tables(h:size(2))
+  local rope
+  if self.cp then -- (this rank's tokens: the tables' rows at their positions in the sequence)
+    local T = h:size(2)
+    rope = self.cp:rope_tables(self:rope_tables(T * self.cp.group:size()), T)
+  else
+    rope = self:rope_tables(h:size(2))
+  end
   local f
   for _, nl in ipairs(self.layers:named_children()) do
     local layer = nl[2]
@@ -185,6 +192,10 @@ function Transformer:forward(ids)
   local w = self.output and self.output.weight or self.tok_embeddings.weight
   return F.linear(h, w)
 end
+
+-- Context parallelism (lua/parallel/cp.lua) sets self.cp and each
+-- Attention's: their forwards read it.
+function Transformer:cp_supported() return true end
 
 -- ---- tensor parallelism: what lua/parallel/tp.lua splits in a block --------------
 M.tp_plan = {

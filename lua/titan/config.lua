@@ -100,6 +100,8 @@ M.defaults = {
     pipeline_parallel_schedule = "1F1B",        -- GPipe | 1F1B | Interleaved1F1B (lua/parallel/pp.lua)
     pipeline_parallel_microbatch_size = 1,      -- rows of local_batch_size per pipeline micro-batch
     pipeline_parallel_layers_per_stage = -1,    -- -1: the schedule's stages per rank (1; Interleaved1F1B: 2)
+    cp = 1,                                     -- context-parallel degree: each sequence split over cp ranks
+    context_parallel_rotate_method = "allgather", -- how keys and values reach every cp rank (lua/parallel/cp.lua)
   },
   debug = {
     deterministic = false,  -- same seed, same bits on a GPU (cuDNN attention: deterministic engines only)
@@ -196,6 +198,10 @@ M.descriptions = {
     "rows of training.local_batch_size per pipeline micro-batch (it must divide local_batch_size)",
   ["parallelism.pipeline_parallel_layers_per_stage"] =
     "blocks per stage (stages = n_layers / this, a multiple of pp); -1: one stage per rank (Interleaved1F1B: 2)",
+  ["parallelism.cp"] =
+    "context-parallel degree: each sequence split over cp ranks (head-tail chunks; seq_len % (2 cp) == 0)",
+  ["parallelism.context_parallel_rotate_method"] =
+    "allgather: every cp rank gathers the keys and values of the whole sequence (grouped-query heads keep them small)",
   ["debug.deterministic"] = "same seed, same bits on a GPU (deterministic cuDNN engines only)",
   ["profiling.enable_profiling"] = "time every module, backward node and phase of every profile_freq-th step",
   ["profiling.save_traces_folder"] = "under job.dump_folder: iteration_N/rank<r>_trace.json (Chrome trace) + summary",
@@ -442,6 +448,10 @@ function M.validate(cfg)
     need(ok, tostring(err))
   end
   local par = cfg.parallelism
+  need(par.context_parallel_rotate_method == "allgather", ("parallelism.context_parallel_rotate_method = '%s'; "
+    .. "expected allgather (the one built)"):format(tostring(par.context_parallel_rotate_method)))
+  need(par.cp <= 1 or par.cp % 1 ~= 0 or t.seq_len % (2 * par.cp) == 0, ("training.seq_len = %d does not split into "
+    .. "2 x parallelism.cp = %d chunks; expected a multiple of %d"):format(t.seq_len, par.cp, 2 * par.cp))
   need(require("parallel.pp").schedules[par.pipeline_parallel_schedule], "parallelism.pipeline_parallel_schedule "
     .. "must be GPipe, 1F1B or Interleaved1F1B, got '" .. tostring(par.pipeline_parallel_schedule) .. "'")
   local mbs = par.pipeline_parallel_microbatch_size

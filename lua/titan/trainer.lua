@@ -45,10 +45,29 @@ function M.next_batches(tr)
   local batches, num_tokens = {}, 0
   for i = 1, tr.grad_accum do
     batches[i] = tr.data.train:next()
+    if tr.cp_group then M.cp_shard_batch(tr, batches[i]) end
     num_tokens = num_tokens + (batches[i].num_tokens or batches[i].targets:numel())
   end
   if tr.dp then num_tokens = tr.dp:sum_numbers({ num_tokens })[1] end
   return batches, num_tokens
+end
+
+-- Under context parallelism: the batch's tokens this rank holds (its
+-- chunks of every sequence), and their count where the data counted the
+-- real ones (targets at the ignore index do not count).
+function M.cp_shard_batch(tr, b)
+  local cp = require("parallel.cp")
+  local r, n = tr.cp_group:rank(), tr.cp_group:size()
+  local inputs, targets = cp.shard(b.inputs, r, n), cp.shard(b.targets, r, n)
+  b.inputs:free()
+  b.targets:free()
+  b.inputs, b.targets = inputs, targets
+  if b.num_tokens then
+    local real = 0
+    for _, t in ipairs(targets:tolist_flat()) do if t >= 0 then real = real + 1 end end
+    b.num_tokens = real
+  end
+  return b
 end
 
 -- Forward and backward of one micro-batch; returns its loss tensor. (The
@@ -174,8 +193,20 @@ local function resolve_parallelism(p, world)
     error(("trainer: parallelism.tp = %d, but the job has %d rank(s); expected tp to divide the number of ranks "
       .. "(titan --nproc N)"):format(tp, world), 0)
   end
+  world = world / tp
+  local cp = p.cp
+  if cp < 1 or cp % 1 ~= 0 then error(("trainer: parallelism.cp = %s; expected a positive degree"):format(cp), 0) end
+  if cp > 1 and (tp > 1 or pp > 1) then
+    error(("trainer: parallelism.cp = %d with %s: context parallelism composes with data parallelism (DDP, FSDP) "
+      .. "only, for now; expected tp = pp = 1"):format(cp, tp > 1 and ("tp = " .. tp) or ("pp = " .. pp)), 0)
+  end
+  if world % cp ~= 0 then
+    error(("trainer: parallelism.cp = %d, but the job has %d rank(s); expected cp to divide the number of ranks "
+      .. "(titan --nproc N)"):format(cp, full), 0)
+  end
   local tps = (tp > 1 and (" x %d"):format(tp) or "") .. (pp > 1 and (" x %d"):format(pp) or "")
-  world = world / tp -- the data-parallel ranks
+    .. (cp > 1 and (" x %d"):format(cp) or "")
+  world = world / cp -- the data-parallel ranks
   local rep, shard = p.dp_replicate, p.dp_shard
   for key, v in pairs({ dp_replicate = rep, dp_shard = shard }) do
     if v ~= -1 and (v < 1 or v % 1 ~= 0) then
@@ -190,11 +221,11 @@ local function resolve_parallelism(p, world)
   if shard == -1 then shard = world / rep end
   -- (a -1 that leaves a fraction of a rank is as wrong as a product that misses)
   if rep * shard ~= world or rep % 1 ~= 0 or shard % 1 ~= 0 or rep < 1 or shard < 1 then
-    error(("trainer: parallelism.dp_replicate x dp_shard%s%s = %s x %s%s, but the job has %d rank(s); expected their "
-      .. "product to be the number of ranks (titan --nproc N)"):format(tp > 1 and " x tp" or "",
-      pp > 1 and " x pp" or "", tostring(p.dp_replicate), tostring(p.dp_shard), tps, full), 0)
+    error(("trainer: parallelism.dp_replicate x dp_shard%s%s%s = %s x %s%s, but the job has %d rank(s); expected "
+      .. "their product to be the number of ranks (titan --nproc N)"):format(tp > 1 and " x tp" or "",
+      pp > 1 and " x pp" or "", cp > 1 and " x cp" or "", tostring(p.dp_replicate), tostring(p.dp_shard), tps, full), 0)
   end
-  return rep, shard, tp, pp
+  return rep, shard, tp, pp, cp
 end
 
 -- The checkpoint box of each local tensor (checkpoint shard_of) under FSDP,
@@ -220,15 +251,19 @@ function M.new(cfg, opts)
   -- Ranks: from the launcher (titan --nproc N, mpirun, srun); one process otherwise.
   local env = dist.env()
   self.rank, self.world = env.rank, env.world
-  self.dp_replicate, self.dp_shard, self.tp, self.pp = resolve_parallelism(cfg.parallelism, self.world)
+  self.dp_replicate, self.dp_shard, self.tp, self.pp, self.cp = resolve_parallelism(cfg.parallelism, self.world)
   -- The mesh is [pp, dp_replicate, dp_shard, tp], as TorchTitan's: pp is
   -- the outermost dim (a stage's ranks are consecutive) and tp the
   -- innermost (the ranks of a tp group are consecutive, and read the same
   -- data; the data-parallel rank is the tp group's). Every stage reads the
   -- same data: the first takes the inputs, the last the targets.
+  -- Context parallelism (tp = pp = 1) sits between dp_shard and tp, as in
+  -- TorchTitan's mesh: the cp ranks of a sequence are consecutive and read
+  -- the same data (each keeps its chunks: lua/parallel/cp.lua).
   local inner = self.world / self.pp
   self.pp_rank, self.stage_rank = math.floor(self.rank / inner), self.rank % inner
-  self.dp_rank, self.dp_size = math.floor(self.stage_rank / self.tp), inner / self.tp
+  self.dp_rank, self.dp_size = math.floor(self.stage_rank / (self.tp * self.cp)), inner / (self.tp * self.cp)
+  self.cp_rank = math.floor(self.stage_rank / self.tp) % self.cp
   -- Log lines come from rank 0 (every rank computes the same ones).
   self.print = opts.print or function(line)
     if self.rank == 0 then io.stdout:write(line, "\n"); io.stdout:flush() end
@@ -290,7 +325,7 @@ function M.new(cfg, opts)
   local total = metrics.device_memory_bytes(t.device)
   local here = t.device == "cpu" and env.local_size or 1
   local limit = total and (t.device == "cpu" and 0.8 * total or total)
-  if limit and need * here / (self.dp_shard * self.tp * self.pp) > limit then
+  if limit and need * here / (self.dp_shard * (self.dp_shard > 1 and self.cp or 1) * self.tp * self.pp) > limit then
     error(("trainer: %s %s has %.2fB parameters and needs ~%.0f GiB for weights, gradients and optimizer state "
       .. "in %s%s, but %s has %.0f GiB; %s"):format(cfg.model.name, cfg.model.flavor, nparams / 1e9, need / 2 ^ 30,
       t.mixed_precision_param, here > 1 and (" on each of the %d ranks on this host"):format(here) or "",
@@ -319,7 +354,9 @@ function M.new(cfg, opts)
       self.tp_group = stage:split(self.dp_rank, self.stage_rank)
       if self.dp_size > 1 then self.dp = stage:split(self.stage_rank % self.tp, self.stage_rank) end
     else
+      -- (with cp > 1: the gradients and the loss are summed over the cp ranks too)
       self.dp = stage
+      if self.cp > 1 then self.cp_group = stage:split(self.dp_rank, self.stage_rank) end
     end
   end
   -- Transforms of the built model (TorchTitan's are TP, float8, AC, FSDP;
@@ -333,6 +370,7 @@ function M.new(cfg, opts)
     self.ac_blocks, self.n_blocks = require("parallel.ac").apply(model, cfg.activation_checkpoint)
     self.model = model
   end
+  if self.cp_group then self.cp_ctx = require("parallel.cp").apply(model, self.cp_group) end
   local init = function(names) family.init_weights(model, t.seed, names) end
   if self.pp > 1 then
     -- (each stage holds its blocks only; the names, hence the values, are the whole model's)
@@ -372,10 +410,12 @@ function M.new(cfg, opts)
     -- (the mesh is [dp_replicate, dp_shard, tp], as TorchTitan's); under HSDP
     -- the ranks holding the same shards form the replicate groups. Under TP
     -- (2D) FSDP shards each rank's slices over its data-parallel peers.
+    -- With cp > 1 the shards go over dp_shard x cp ranks (TorchTitan's dp_shard_cp).
     local shard, rep = self.dp, nil
     if self.dp_replicate > 1 then
-      shard = self.dp:split(math.floor(self.dp_rank / self.dp_shard), self.dp_rank)
-      rep = self.dp:split(self.dp_rank % self.dp_shard, self.dp_rank)
+      local at = self.dp_rank * self.cp + self.cp_rank -- (this rank's place in self.dp)
+      shard = self.dp:split(math.floor(self.dp_rank / self.dp_shard), at)
+      rep = self.dp:split(self.dp_rank % self.dp_shard * self.cp + self.cp_rank, at)
     end
     local fsdp = require("parallel.fsdp")
     -- (on nccl the gathers and reductions overlap computation; mpi's block, so there is nothing to gain)
@@ -600,14 +640,21 @@ function Trainer:banner()
       :format(self.dp_replicate) or ""
     self.print(("data parallel over %s: %d ranks, FSDP over %d shards%s: each rank keeps %s of the parameters (and "
       .. "that share of gradients and optimizer state), a block's full parameters only while it runs (reshard "
-      .. "after forward: %s)%s%s; tps and MFU are per rank"):format(over, self.dp_size, self.dp_shard, rep,
+      .. "after forward: %s)%s%s; tps and MFU are per rank"):format(over, self.dp_size, self.dp_shard * self.cp, rep,
       ("%.1f MiB"):format(self.fsdp:sharded_bytes() / 2 ^ 20), self.cfg.parallelism.fsdp_reshard_after_forward,
       self.fsdp_overlap and ("; on the communication stream, the next block's parameters gathered while one "
         .. "computes and each block's gradients reduced during the backward") or "", each))
-  elseif self.dp then
+  elseif self.dp and self.dp_size > 1 then
     self.print(("data parallel over %s: %d ranks (DDP: %s)%s; tps and MFU are per rank"):format(over, self.dp_size,
       self.ddp and "each block's gradients summed during the backward, on the communication stream"
       or "gradients summed in ~25 MB buckets each step", each))
+  end
+  if self.cp_group then
+    self.print(("context parallel over %s: %d ranks per sequence, each holding %d of its %d tokens (of %d chunks, "
+      .. "rank r the r-th from the start and from the end: the same causal work); keys and values all-gathered, "
+      .. "their gradients reduce-scattered; gradients summed over the data-parallel and context-parallel ranks%s")
+      :format(over, self.cp, t.seq_len / self.cp, t.seq_len, 2 * self.cp, self.fsdp and " (FSDP shards over both)"
+      or ""))
   end
   if self.tp_plan then
     self.print(("tensor parallel: %d ranks per replica split each block's heads and feed-forward units (%s); tps "
@@ -665,6 +712,7 @@ function Trainer:validate()
     for _ = 1, self.cfg.validation.steps do
       local b = v:next()
       if not b then break end
+      if self.cp_group then M.cp_shard_batch(self, b) end
       if self.pipe then -- (the last stage adds; the sums go over the pipeline below)
         -- in the training's micro-batches where they divide the batch: the stages then work at once
         -- on different micro-batches, and each holds one micro-batch's activations

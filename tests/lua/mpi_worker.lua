@@ -164,6 +164,29 @@ end
 print(("rank %d ok gather_object"):format(r))
 same("sum_numbers", g:sum_numbers({ r, 0.25 }), { sum_of(function(q) return q end), 0.25 * n })
 
+-- Context parallelism's attention (lua/parallel/cp.lua): each rank's chunks of q, k, v (grouped-query
+-- heads, two sequences) give its chunks of the whole sequence's causal attention and of its gradients,
+-- computed here whole from the same seeded values.
+do
+  local cp, F = require("parallel.cp"), titan.F
+  local B, T, Hq, Hkv, D = 2, 4 * n, 4, 2, 8
+  local function seeded(shape, seed) return titan.randn(shape, { seed = seed }):to(dev) end
+  local q, k, v = seeded({ B, T, Hq, D }, 11), seeded({ B, T, Hkv, D }, 12), seeded({ B, T, Hkv, D }, 13)
+  local dout = seeded({ B, T, Hq, D }, 14)
+  local qw, kw, vw = q:clone():requires_grad_(), k:clone():requires_grad_(), v:clone():requires_grad_()
+  local ow = F.attention(qw, kw, vw, { causal = true })
+  ow:mul(dout):sum():backward()
+  local ql = cp.shard(q, r, n):requires_grad_()
+  local kl, vl = cp.shard(k, r, n):requires_grad_(), cp.shard(v, r, n):requires_grad_()
+  local ol = cp.context(g):attention(ql, kl, vl)
+  ol:mul(cp.shard(dout, r, n)):sum():backward()
+  local function mine(t) return cp.shard(t, r, n):to("cpu"):tolist_flat() end
+  same("cp attention", ol:to("cpu"):tolist_flat(), mine(ow:detach()), 1e-5)
+  same("cp attention dq", ql.grad:to("cpu"):tolist_flat(), mine(qw.grad), 1e-5)
+  same("cp attention dk", kl.grad:to("cpu"):tolist_flat(), mine(kw.grad), 1e-5)
+  same("cp attention dv", vl.grad:to("cpu"):tolist_flat(), mine(vw.grad), 1e-5)
+end
+
 -- misuse: one clear line each
 local function fails(name, fn, pattern)
   local ok, err = pcall(fn)
