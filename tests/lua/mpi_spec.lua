@@ -434,6 +434,28 @@ describe("context parallelism over MPI", function()
   end)
 end)
 
+describe("context parallelism checkpoints", function()
+  it("a cp 2 checkpoint resumes exactly on cp 2, and in one process (the same data position)", function()
+    if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
+    local base = { "--checkpoint.enable=true", "--checkpoint.interval=2", "--training.local_batch_size=2",
+      "--training.shuffle=true" }
+    local ck = with(base, { "--parallelism.cp=2" })
+    local straight, resumed, single = tmpdir(), tmpdir(), tmpdir()
+    run_ok(train_cmd(2, straight, with(ck, { "--training.steps=4" })))
+    run_ok(train_cmd(2, resumed, with(ck, { "--training.steps=2" })))
+    assert.are.equal(0, os.execute(("cp -r %s/. %s"):format(resumed, single)))
+    local out = run_ok(train_cmd(2, resumed, with(ck, { "--training.steps=4" })))
+    assert.truthy(out:find("resumed from step 2", 1, true), out)
+    local a, b = losses(straight), losses(resumed)
+    for s = 1, 4 do assert.are.equal(a[s], b[s], "step " .. s) end -- bit for bit, shuffled data included
+    -- the cp ranks read one data position: one process takes it over
+    out = run_ok(train_cmd(1, single, with(base, { "--training.steps=4" })))
+    assert.truthy(out:find("resumed from step 2", 1, true), out)
+    local c = losses(single)
+    for s = 3, 4 do close(a[s], c[s], s, "cp 2 resumed in one process") end
+  end)
+end)
+
 describe("launcher and layout errors", function()
   local function one_line(cmd, pattern)
     local out, rc = sh.run(cmd)
