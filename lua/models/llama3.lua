@@ -71,8 +71,10 @@ function Attention:forward(x, rope)
   local q = self.wq(x):view(B, T, -1, self.head_dim)
   local k = self.wk(x):view(B, T, -1, self.head_dim)
   local v = self.wv(x):view(B, T, -1, self.head_dim)
+  -- (under context parallelism, x holds this rank's tokens of each sequence, rotated by their
+  -- positions in it and attending to every rank's keys: lua/parallel/cp.lua)
+  if self.cp then rope = self.cp:rope_tables(rope, T) end
   q, k = F.rope(q, rope), F.rope(k, rope)
-  -- (under context parallelism, x holds this rank's tokens of each sequence: lua/parallel/cp.lua)
   local o = self.cp and self.cp:attention(q, k, v) or F.attention(q, k, v, { causal = true })
   return self.wo(o:view(B, T, -1))
 end
@@ -149,13 +151,8 @@ end
 -- (which stays the caller's), and without norm and output it returns its own.
 function Transformer:forward(ids)
   local h = self.tok_embeddings and self.tok_embeddings(ids) or ids
-  local rope
-  if self.cp then -- (this rank's tokens: the tables' rows at their positions in the sequence)
-    local T = h:size(2)
-    rope = self.cp:rope_tables(self:rope_tables(T * self.cp.group:size()), T)
-  else
-    rope = self:rope_tables(h:size(2))
-  end
+  -- (under context parallelism h holds this rank's tokens: the tables cover the whole sequence)
+  local rope = self:rope_tables(h:size(2) * (self.cp and self.cp.group:size() or 1))
   local f
   for _, nl in ipairs(self.layers:named_children()) do
     local layer = nl[2]

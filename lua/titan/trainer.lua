@@ -196,11 +196,11 @@ local function resolve_parallelism(p, world)
   world = world / tp
   local cp = p.cp
   if cp < 1 or cp % 1 ~= 0 then error(("trainer: parallelism.cp = %s; expected a positive degree"):format(cp), 0) end
-  if cp > 1 and (tp > 1 or pp > 1) then
-    error(("trainer: parallelism.cp = %d with %s: context parallelism composes with data parallelism (DDP, FSDP) "
-      .. "only, for now; expected tp = pp = 1"):format(cp, tp > 1 and ("tp = " .. tp) or ("pp = " .. pp)), 0)
-  end
   if world % cp ~= 0 then
+    if tp > 1 or pp > 1 then
+      error(("trainer: parallelism.cp x tp x pp = %d x %d x %d, but the job has %d rank(s); expected their product "
+        .. "to divide the number of ranks (titan --nproc N)"):format(cp, tp, pp, full), 0)
+    end
     error(("trainer: parallelism.cp = %d, but the job has %d rank(s); expected cp to divide the number of ranks "
       .. "(titan --nproc N)"):format(cp, full), 0)
   end
@@ -257,9 +257,9 @@ function M.new(cfg, opts)
   -- innermost (the ranks of a tp group are consecutive, and read the same
   -- data; the data-parallel rank is the tp group's). Every stage reads the
   -- same data: the first takes the inputs, the last the targets.
-  -- Context parallelism (tp = pp = 1) sits between dp_shard and tp, as in
-  -- TorchTitan's mesh: the cp ranks of a sequence are consecutive and read
-  -- the same data (each keeps its chunks: lua/parallel/cp.lua).
+  -- Context parallelism sits between dp_shard and tp, as in TorchTitan's
+  -- mesh [pp, dp_replicate, dp_shard, cp, tp]: the cp ranks of a sequence
+  -- read the same data (each keeps its chunks: lua/parallel/cp.lua).
   local inner = self.world / self.pp
   self.pp_rank, self.stage_rank = math.floor(self.rank / inner), self.rank % inner
   self.dp_rank, self.dp_size = math.floor(self.stage_rank / (self.tp * self.cp)), inner / (self.tp * self.cp)
@@ -350,14 +350,15 @@ function M.new(cfg, opts)
       self.pp_group = all:split(self.stage_rank, self.pp_rank)
       stage = inner > 1 and all:split(self.pp_rank, self.stage_rank) or nil
     end
+    -- (with cp > 1 the data-parallel group holds the cp ranks too: the
+    -- gradients and the loss are summed over both)
     if self.tp > 1 then
-      self.tp_group = stage:split(self.dp_rank, self.stage_rank)
-      if self.dp_size > 1 then self.dp = stage:split(self.stage_rank % self.tp, self.stage_rank) end
+      self.tp_group = stage:split(math.floor(self.stage_rank / self.tp), self.stage_rank)
+      if self.dp_size * self.cp > 1 then self.dp = stage:split(self.stage_rank % self.tp, self.stage_rank) end
     else
-      -- (with cp > 1: the gradients and the loss are summed over the cp ranks too)
       self.dp = stage
-      if self.cp > 1 then self.cp_group = stage:split(self.dp_rank, self.stage_rank) end
     end
+    if self.cp > 1 then self.cp_group = stage:split(self.dp_rank * self.tp + self.stage_rank % self.tp, self.stage_rank) end
   end
   -- Transforms of the built model (TorchTitan's are TP, float8, AC, FSDP;
   -- of those, TP, AC and FSDP are built). TP splits materialized weights, so
@@ -370,7 +371,14 @@ function M.new(cfg, opts)
     self.ac_blocks, self.n_blocks = require("parallel.ac").apply(model, cfg.activation_checkpoint)
     self.model = model
   end
-  if self.cp_group then self.cp_ctx = require("parallel.cp").apply(model, self.cp_group) end
+  if self.cp_group then
+    local cp = require("parallel.cp")
+    if self.pipe then
+      for _, st in ipairs(self.pipe.stages) do cp.apply(st.model, self.cp_group) end
+    else
+      cp.apply(model, self.cp_group)
+    end
+  end
   local init = function(names) family.init_weights(model, t.seed, names) end
   if self.pp > 1 then
     -- (each stage holds its blocks only; the names, hence the values, are the whole model's)

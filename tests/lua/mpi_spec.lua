@@ -405,31 +405,34 @@ describe("pipeline parallelism over MPI", function()
 end)
 
 describe("context parallelism over MPI", function()
-  it("cp 2, cp 2 x FSDP 2 (with activation checkpointing) and cp 2 x HSDP 2 x 2 train the losses of one process",
-    function()
+  it("cp 2 alone, with FSDP (and AC), HSDP, TP and PP x TP trains the losses of one process", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
     local steps = "--training.steps=3"
-    local one, cp2, fs = baseline(), tmpdir(), tmpdir()
-    -- each sequence of 32 tokens split over 2 ranks (chunks 0 and 3, 1 and 2 of 4): the same batch of 4
-    local out = run_ok(train_cmd(2, cp2, with(VAL, { steps, "--training.local_batch_size=4", "--parallelism.cp=2" })))
-    assert.truthy(out:find("context parallel over MPI: 2 ranks per sequence, each holding 16 of its 32 tokens", 1,
-      true), out)
-    assert.is_nil(out:find("data parallel over", 1, true), out) -- (one data-parallel rank)
-    assert.truthy(out:find("validate: step     3  loss: +[%d.]+  %(256 tokens%)"), out)
-    out = run_ok(train_cmd(4, fs, with(VAL, { steps, "--training.local_batch_size=2", "--parallelism.cp=2",
-      "--activation_checkpoint.mode=full" })))
-    assert.truthy(out:find("data parallel over MPI: 2 ranks, FSDP over 4 shards", 1, true), out)
-    assert.truthy(out:find("(FSDP shards over both)", 1, true), out)
-    -- HSDP: 2 replicas of 2 shards, each shard over 2 cp ranks (8 ranks; the groups' arithmetic)
-    local hs = tmpdir()
-    out = run_ok(train_cmd(8, hs, with(VAL, { steps, "--training.local_batch_size=1", "--parallelism.cp=2",
-      "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2" })))
-    assert.truthy(out:find("FSDP over 4 shards x 2 replicas (HSDP", 1, true), out)
-    local a = losses(one)
-    for name, dump in pairs({ cp2 = cp2, fsdp_cp = fs, hsdp_cp = hs }) do
+    local one = baseline()
+    -- each sequence of 32 tokens split over 2 ranks (chunks 0 and 3, 1 and 2 of 4); 4 sequences a step
+    local cases = {
+      { "cp 2", 2, { "--training.local_batch_size=4" },
+        "context parallel over MPI: 2 ranks per sequence, each holding 16 of its 32 tokens" },
+      { "cp 2 x FSDP 2, AC", 4, { "--training.local_batch_size=2", "--activation_checkpoint.mode=full" },
+        "data parallel over MPI: 2 ranks, FSDP over 4 shards" },
+      -- 2 replicas of 2 shards, each shard over 2 cp ranks (the groups' arithmetic)
+      { "cp 2 x HSDP 2 x 2", 8, { "--training.local_batch_size=1", "--parallelism.dp_replicate=2",
+        "--parallelism.dp_shard=2" }, "FSDP over 4 shards x 2 replicas (HSDP" },
+      -- (sequence parallelism splits each rank's chunks again, over its tp group)
+      { "cp 2 x tp 2", 4, { "--training.local_batch_size=4", "--parallelism.tp=2" }, "tensor parallel: 2 ranks" },
+      { "pp 2 x cp 2 x tp 2", 8, { "--training.local_batch_size=4", "--parallelism.tp=2", "--parallelism.pp=2" },
+        "pipeline parallel: 2 stages" },
+    }
+    local a, va = losses(one), losses(one, "validation_loss")[3]
+    for _, c in ipairs(cases) do
+      local dump = tmpdir()
+      local out = run_ok(train_cmd(c[2], dump, with(VAL, with(c[3], { steps, "--parallelism.cp=2" }))))
+      assert.truthy(out:find(c[4], 1, true), out)
+      assert.truthy(out:find("context parallel over MPI: 2 ranks per sequence", 1, true), out)
+      assert.truthy(out:find("validate: step     3  loss: +[%d.]+  %(256 tokens%)"), out)
       local b = losses(dump)
-      for s = 1, 3 do close(a[s], b[s], s, name) end
-      close(losses(one, "validation_loss")[3], losses(dump, "validation_loss")[3], 3, name .. " validation")
+      for s = 1, 3 do close(a[s], b[s], s, c[1]) end
+      close(va, losses(dump, "validation_loss")[3], 3, c[1] .. " validation")
     end
   end)
 end)
@@ -535,8 +538,8 @@ describe("launcher and layout errors", function()
     one_line(exe .. " " .. base .. "--parallelism.dp_replicate=0", "parallelism.dp_replicate = 0; expected a positive")
     one_line(exe .. " " .. base .. "--parallelism.cp=2", "parallelism.cp = 2, but the job has 1 rank(s); expected cp "
       .. "to divide the number of ranks")
-    one_line(four .. exe .. " " .. base .. "--parallelism.cp=2 --parallelism.tp=2", "parallelism.cp = 2 with tp = 2: "
-      .. "context parallelism composes with data parallelism (DDP, FSDP) only, for now; expected tp = pp = 1")
+    one_line(two .. exe .. " " .. base .. "--parallelism.cp=2 --parallelism.tp=2", "parallelism.cp x tp x pp = "
+      .. "2 x 2 x 1, but the job has 2 rank(s); expected their product to divide the number of ranks")
     one_line(exe .. " " .. base .. "--parallelism.cp=2 --training.seq_len=30", "training.seq_len = 30 does not split "
       .. "into 2 x parallelism.cp = 2 chunks; expected a multiple of 4")
     one_line(exe .. " " .. base .. "--parallelism.context_parallel_rotate_method=alltoall",
