@@ -503,11 +503,11 @@ static tt_status tt_add_sorted(int device, cudaStream_t s, int op, int64_t n_dst
   constexpr int V = 16 / sizeof(S);
   if (((size_t)inner * sizeof(S)) % 16 == 0 && tt_al16(dst) && tt_al16(src)) {
     const int64_t units = inner / V;
-    tt_add_sorted_rows<DT, V><<<tt_cuda_blocks(n_idx * units), TT_CUDA_THREADS, 0, s>>>(inner, units, nvalid, order,
-                                                                                          rows, (S *)dst, (const S *)src);
+    tt_add_sorted_rows<DT, V><<<tt_cuda_blocks(n_idx * units), TT_CUDA_THREADS, 0, s>>>(
+        inner, units, nvalid, order, rows, (S *)dst, (const S *)src);
   } else {
-    tt_add_sorted_rows<DT, 1><<<tt_cuda_blocks(n_idx * inner), TT_CUDA_THREADS, 0, s>>>(inner, inner, nvalid, order,
-                                                                                          rows, (S *)dst, (const S *)src);
+    tt_add_sorted_rows<DT, 1><<<tt_cuda_blocks(n_idx * inner), TT_CUDA_THREADS, 0, s>>>(
+        inner, inner, nvalid, order, rows, (S *)dst, (const S *)src);
   }
   TT_CUDA_CHECK_LAUNCH("tt_add_sorted_rows");
   *done = true;

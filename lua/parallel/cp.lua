@@ -177,8 +177,8 @@ function Ctx:rope_tables(full, T_local)
   if r then r.cos:free(); r.sin:free() end
   local dev = full.cos:device()
   local pos = titan.tensor(M.positions(T, self.group:rank(), n), { dtype = "int64" }):to(dev)
-  r = { cos = memory.keep(titan.index_select(full.cos, 1, pos)), sin = memory.keep(titan.index_select(full.sin, 1, pos)),
-    full = full, T = T, cos_src = full.cos }
+  r = { cos = memory.keep(titan.index_select(full.cos, 1, pos)),
+    sin = memory.keep(titan.index_select(full.sin, 1, pos)), full = full, T = T, cos_src = full.cos }
   pos:free()
   self.rope = r
   return r

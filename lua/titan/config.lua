@@ -160,7 +160,8 @@ M.descriptions = {
   ["validation.split"] = "fraction of documents held out",
   ["metrics.log_freq"] = "a log line every N steps (and at the first and last)",
   ["metrics.enable_jsonl"] = "write <dump_folder>/metrics.jsonl",
-  ["metrics.enable_tensorboard"] = "write TensorBoard event files (rank 0): tensorboard --logdir <dump_folder>/<save_tb_folder>",
+  ["metrics.enable_tensorboard"] =
+    "write TensorBoard event files (rank 0): tensorboard --logdir <dump_folder>/<save_tb_folder>",
   ["metrics.save_tb_folder"] = "under job.dump_folder; each run writes into a <YYYYmmdd-HHMM> subfolder of it",
   ["metrics.peak_flops"] = "FLOP/s of one device for MFU; -1: measured (CPU) or the GPU's table value",
   ["checkpoint.enable"] = "save checkpoints",

@@ -206,8 +206,8 @@ function Profiler:host_elapsed() return (self.host1 or self.clock()) - self.host
 function Profiler:summary_text(top)
   local rows, wall = self:summary(), self:elapsed()
   local mem, host = self.memory ~= nil, self.device_clock ~= nil
-  local lines = { ("%-8s %-52s %7s %11s %11s %7s%s%s"):format("kind", "region", "calls", "total ms", "self ms", "self %",
-    host and "  host ms" or "", mem and "   mem MiB" or "") }
+  local lines = { ("%-8s %-52s %7s %11s %11s %7s%s%s"):format("kind", "region", "calls", "total ms", "self ms",
+    "self %", host and "  host ms" or "", mem and "   mem MiB" or "") }
   for i, r in ipairs(rows) do
     if top and i > top then
       lines[#lines + 1] = ("(%d more rows)"):format(#rows - top)

@@ -252,14 +252,13 @@ function M.new(cfg, opts)
   local env = dist.env()
   self.rank, self.world = env.rank, env.world
   self.dp_replicate, self.dp_shard, self.tp, self.pp, self.cp = resolve_parallelism(cfg.parallelism, self.world)
-  -- The mesh is [pp, dp_replicate, dp_shard, tp], as TorchTitan's: pp is
-  -- the outermost dim (a stage's ranks are consecutive) and tp the
+  -- The mesh is [pp, dp_replicate, dp_shard, cp, tp], as TorchTitan's: pp
+  -- is the outermost dim (a stage's ranks are consecutive) and tp the
   -- innermost (the ranks of a tp group are consecutive, and read the same
-  -- data; the data-parallel rank is the tp group's). Every stage reads the
-  -- same data: the first takes the inputs, the last the targets.
-  -- Context parallelism sits between dp_shard and tp, as in TorchTitan's
-  -- mesh [pp, dp_replicate, dp_shard, cp, tp]: the cp ranks of a sequence
-  -- read the same data (each keeps its chunks: lua/parallel/cp.lua).
+  -- data; the data-parallel rank is the tp group's). The cp ranks of a
+  -- sequence read the same data too (each keeps its chunks:
+  -- lua/parallel/cp.lua). Every stage reads the same data: the first takes
+  -- the inputs, the last the targets.
   local inner = self.world / self.pp
   self.pp_rank, self.stage_rank = math.floor(self.rank / inner), self.rank % inner
   self.dp_rank, self.dp_size = math.floor(self.stage_rank / (self.tp * self.cp)), inner / (self.tp * self.cp)
@@ -325,7 +324,8 @@ function M.new(cfg, opts)
   local total = metrics.device_memory_bytes(t.device)
   local here = t.device == "cpu" and env.local_size or 1
   local limit = total and (t.device == "cpu" and 0.8 * total or total)
-  if limit and need * here / (self.dp_shard * (self.dp_shard > 1 and self.cp or 1) * self.tp * self.pp) > limit then
+  local shards = self.dp_shard * (self.dp_shard > 1 and self.cp or 1) * self.tp * self.pp -- (FSDP: over dp_shard x cp)
+  if limit and need * here / shards > limit then
     error(("trainer: %s %s has %.2fB parameters and needs ~%.0f GiB for weights, gradients and optimizer state "
       .. "in %s%s, but %s has %.0f GiB; %s"):format(cfg.model.name, cfg.model.flavor, nparams / 1e9, need / 2 ^ 30,
       t.mixed_precision_param, here > 1 and (" on each of the %d ranks on this host"):format(here) or "",
@@ -358,7 +358,9 @@ function M.new(cfg, opts)
     else
       self.dp = stage
     end
-    if self.cp > 1 then self.cp_group = stage:split(self.dp_rank * self.tp + self.stage_rank % self.tp, self.stage_rank) end
+    if self.cp > 1 then -- (the ranks of one data-parallel rank holding the same heads)
+      self.cp_group = stage:split(self.dp_rank * self.tp + self.stage_rank % self.tp, self.stage_rank)
+    end
   end
   -- Transforms of the built model (TorchTitan's are TP, float8, AC, FSDP;
   -- of those, TP, AC and FSDP are built). TP splits materialized weights, so
