@@ -96,7 +96,7 @@ function Profiler:stop()
   for _, e in ipairs(self.events) do
     e.ts, e.dur = at(e.a), at(e.b) - at(e.a)
   end
-  for _, e in ipairs(self.events) do -- (children first, so their dur is known)
+  for _, e in ipairs(self.events) do -- (every dur is known now: a region's own is its total less its children's)
     local inner, inner_host = 0, 0
     for _, c in ipairs(e.children) do inner, inner_host = inner + c.dur, inner_host + c.host end
     e.self, e.host_self = e.dur - inner, e.host - inner_host

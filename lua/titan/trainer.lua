@@ -373,13 +373,15 @@ function M.new(cfg, opts)
     self.ac_blocks, self.n_blocks = require("parallel.ac").apply(model, cfg.activation_checkpoint)
     self.model = model
   end
-  if self.cp_group then
+  if self.cp_group then -- (their local RoPE tables are freed by close)
     local cp = require("parallel.cp")
+    self.cp_ctxs = {}
+    local models = { model }
     if self.pipe then
-      for _, st in ipairs(self.pipe.stages) do cp.apply(st.model, self.cp_group) end
-    else
-      cp.apply(model, self.cp_group)
+      models = {}
+      for i, st in ipairs(self.pipe.stages) do models[i] = st.model end
     end
+    for i, m in ipairs(models) do self.cp_ctxs[i] = cp.apply(m, self.cp_group) end
   end
   local init = function(names) family.init_weights(model, t.seed, names) end
   if self.pp > 1 then
@@ -1085,6 +1087,8 @@ end
 function Trainer:close()
   if self.graph_state then require("titan.graph_step").release(self) end
   if self.norm_clip then self.norm_clip:free(); self.norm_clip = nil end
+  for _, c in ipairs(self.cp_ctxs or {}) do c:free() end
+  if self.profiler and self.profiler.device_clock then self.profiler.device_clock:free() end
   self.checkpoint:close()
   self.logger:close()
 end

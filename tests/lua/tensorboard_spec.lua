@@ -5,6 +5,7 @@ local tb = require("titan.tensorboard")
 local env = require("titan.env")
 local cjson = require("cjson")
 local ffi = require("ffi")
+local sh = dofile("tests/lua/shell.lua")
 
 local function hex(s) return (s:gsub(".", function(c) return ("%02x"):format(c:byte()) end)) end
 local function unhex(h) return (h:gsub("%x%x", function(b) return string.char(tonumber(b, 16)) end)) end
@@ -14,12 +15,7 @@ local function esc(s) return (s:gsub("%p", "%%%0")) end -- a path as a literal L
 local f32 = ffi.new("float[1]")
 local function as_float(v) f32[0] = v; return tonumber(f32[0]) end
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(os.execute("mkdir -p '" .. d .. "'") == 0)
-  return d
-end
+local tmpdir = sh.tmpdir
 
 local function write_file(path, s)
   local f = assert(io.open(path, "wb"))
@@ -111,11 +107,8 @@ end)
 describe("metrics.enable_tensorboard in training", function()
   local exe = env.build_dir .. "/titan"
   local function run(args)
-    local p = io.popen(exe .. " lua/recipes/llama3_debugmodel.lua --training.steps=4 --training.seq_len=64 "
-      .. "--training.local_batch_size=2 --metrics.peak_flops=1e11 --metrics.log_freq=2 " .. args .. " 2>&1; echo rc=$?")
-    local out = p:read("*a")
-    p:close()
-    return out, tonumber(out:match("rc=(%d+)%s*$"))
+    return sh.run(exe .. " lua/recipes/llama3_debugmodel.lua --training.steps=4 --training.seq_len=64 "
+      .. "--training.local_batch_size=2 --metrics.peak_flops=1e11 --metrics.log_freq=2 " .. args)
   end
 
   it("rank 0 writes each logged step's scalars and the validation loss, as metrics.jsonl has them", function()
