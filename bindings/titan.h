@@ -376,6 +376,16 @@ tt_status tt_op_attention(const tt_tensor *q, const tt_tensor *k, const tt_tenso
 tt_status tt_op_attention_backward(const tt_tensor *q, const tt_tensor *k, const tt_tensor *v,
                                    const tt_tensor *out, const tt_tensor *lse, const tt_tensor *dout,
                                    int causal, double scale, tt_tensor **dq, tt_tensor **dk, tt_tensor **dv);
+/* Folds one block of attention over some of the keys into a running result
+ * (ring attention: context parallelism's keys arrive a rank's chunk at a
+ * time). out [B, Tb, Hq, D] and lse [B, Hq, Tb] are tt_op_attention's over
+ * that block; they land on rows t0 .. t0 + Tb - 1 of acc [B, T, Hq, D] and
+ * acc_lse [B, Hq, T], both f32 (f64 for f64 out), as the attention over the
+ * union of the keys: acc = (e^acc_lse acc + e^lse out) / (e^acc_lse + e^lse),
+ * acc_lse = log(e^acc_lse + e^lse). A row whose acc_lse is -inf (no keys
+ * yet) takes the block's values; one whose lse is -inf is left alone. */
+tt_status tt_op_attention_merge(tt_tensor *acc, tt_tensor *acc_lse, const tt_tensor *out, const tt_tensor *lse,
+                                int64_t t0);
 
 /* y = silu(a) * b. */
 tt_status tt_op_swiglu(const tt_tensor *a, const tt_tensor *b, tt_tensor **out);

@@ -338,6 +338,44 @@ tt_status tt_op_attention_backward(const tt_tensor *q, const tt_tensor *k, const
   return st;
 }
 
+tt_status tt_op_attention_merge(tt_tensor *acc, tt_tensor *acc_lse, const tt_tensor *out, const tt_tensor *lse,
+                                int64_t t0) {
+  const char *op = "attention_merge";
+  char s1[96], s2[96];
+  TT_TRY(tt_chk_ndim(op, "out", out, 4, "[batch, seq, heads, head_dim]"));
+  TT_TRY(tt_chk_float(op, "out", out));
+  TT_TRY(tt_chk_ndim(op, "acc", acc, 4, "[batch, seq, heads, head_dim]"));
+  TT_TRY(tt_chk_ndim(op, "lse", lse, 3, "[batch, heads, seq]"));
+  TT_TRY(tt_chk_ndim(op, "acc_lse", acc_lse, 3, "[batch, heads, seq]"));
+  const tt_tensor *all[4] = {acc, acc_lse, out, lse};
+  const char *names[4] = {"acc", "acc_lse", "out", "lse"};
+  const int sd = tt_stat_dtype(out->dtype);
+  for (int i = 0; i < 4; i++) {
+    TT_TRY(tt_tensor_check_storage(op, names[i], all[i]));
+    TT_TRY(tt_chk_contig(op, names[i], all[i]));
+    TT_TRY(tt_chk_same_device(op, "out", out, names[i], all[i]));
+    if (i != 2 && all[i]->dtype != sd)
+      return tt_error_set(TT_ERR_DTYPE, "%s: %s %s has dtype %s; expected %s (out is %s)", op, names[i],
+                          SHP(all[i], s1), tt_dtype_name(all[i]->dtype), tt_dtype_name(sd), tt_dtype_name(out->dtype));
+  }
+  const int64_t B = out->shape[0], Tb = out->shape[1], H = out->shape[2], D = out->shape[3], T = acc->shape[1];
+  if (acc->shape[0] != B || acc->shape[2] != H || acc->shape[3] != D || t0 < 0 || t0 + Tb > T)
+    return tt_error_set(TT_ERR_SHAPE, "%s: out %s at row %lld does not fit acc %s (expected the same batch, heads "
+                        "and head_dim, rows within it)", op, SHP(out, s1), (long long)t0, SHP(acc, s2));
+  if (lse->shape[0] != B || lse->shape[1] != H || lse->shape[2] != Tb)
+    return tt_error_set(TT_ERR_SHAPE, "%s: lse %s does not match out %s (expected [B, H, Tb])", op, SHP(lse, s1),
+                        SHP(out, s2));
+  if (acc_lse->shape[0] != B || acc_lse->shape[1] != H || acc_lse->shape[2] != T)
+    return tt_error_set(TT_ERR_SHAPE, "%s: acc_lse %s does not match acc %s (expected [B, H, T])", op,
+                        SHP(acc_lse, s1), SHP(acc, s2));
+  if (out->device.type == TT_META) return TT_OK;
+  const tt_kernels *be = tt_backend(out->device);
+  if (!be || !be->attention_merge) return tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented on this device", op);
+  return tt_kernel_check(be->attention_merge(out->dtype, B, T, H, D, t0, Tb, tt_tensor_data(acc),
+                                             tt_tensor_data(acc_lse), tt_tensor_data(out), tt_tensor_data(lse)),
+                         op, be, out->dtype);
+}
+
 /* ---- SwiGLU ------------------------------------------------------------ */
 
 tt_status tt_op_swiglu(const tt_tensor *a, const tt_tensor *b, tt_tensor **out) {

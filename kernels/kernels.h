@@ -230,6 +230,11 @@ typedef struct tt_kernels {
   tt_status (*attention_backward)(int dtype, int64_t B, int64_t T, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
                                   int causal, double scale, const void *q, const void *k, const void *v,
                                   const void *o, const void *lse, const void *dout, void *dq, void *dk, void *dv);
+  /* out [B, Tb, H, D] of `dtype`, lse [B, H, Tb] folded into rows t0.. of
+   * acc [B, T, H, D] and acc_lse [B, H, T] (f64 for f64, else f32): see
+   * tt_op_attention_merge. */
+  tt_status (*attention_merge)(int dtype, int64_t B, int64_t T, int64_t H, int64_t D, int64_t t0, int64_t Tb,
+                               void *acc, void *acc_lse, const void *out, const void *lse);
   tt_status (*swiglu)(int dtype, int64_t n, const void *a, const void *b, void *y);
   tt_status (*swiglu_backward)(int dtype, int64_t n, const void *a, const void *b, const void *dy, void *da,
                                void *db);

@@ -952,3 +952,36 @@ tt_status tt_cpu_attention_backward(int dtype, int64_t B, int64_t T, int64_t S, 
   }
   return TT_OK;
 }
+
+/* ======================================================================== */
+/* Ring attention's merge (context parallelism: lua/parallel/cp.lua).        */
+/* ======================================================================== */
+
+/* The weights come from the two log-sum-exps about their larger one, so
+ * neither exponential overflows; log1p keeps the new lse exact when one
+ * block dominates. */
+tt_status tt_cpu_attention_merge(int dtype, int64_t B, int64_t T, int64_t H, int64_t D, int64_t t0, int64_t Tb,
+                                 void *acc, void *acc_lse, const void *out, const void *lse) {
+  if (dtype != TT_F32 && dtype != TT_F64) return TT_ERR_DTYPE;
+  const int st = dtype; /* the accumulator's dtype: the stat dtype, f32 for f32 */
+#pragma omp parallel for schedule(static)
+  for (int64_t bi = 0; bi < B * Tb; bi++) {
+    const int64_t b = bi / Tb, i = bi % Tb, t = t0 + i;
+    for (int64_t h = 0; h < H; h++) {
+      const int64_t la_at = (b * H + h) * T + t;
+      const double la = g_ld(st, acc_lse, la_at), lb = g_ld(dtype, lse, (b * H + h) * Tb + i);
+      if (lb == -INFINITY) continue;
+      const int64_t a0 = ((b * T + t) * H + h) * D, o0 = ((b * Tb + i) * H + h) * D;
+      if (la == -INFINITY) {
+        for (int64_t d = 0; d < D; d++) g_st(st, acc, a0 + d, g_ld(dtype, out, o0 + d));
+        g_st(st, acc_lse, la_at, lb);
+        continue;
+      }
+      const double m = la > lb ? la : lb, nl = m + log1p(exp(-fabs(la - lb)));
+      const double wa = exp(la - nl), wb = exp(lb - nl);
+      for (int64_t d = 0; d < D; d++) g_st(st, acc, a0 + d, wa * g_ld(st, acc, a0 + d) + wb * g_ld(dtype, out, o0 + d));
+      g_st(st, acc_lse, la_at, nl);
+    }
+  }
+  return TT_OK;
+}

@@ -62,6 +62,7 @@ static const tt_kernels tt_cpu_table = {
     .rope = tt_cpu_rope,
     .attention = tt_cpu_attention,
     .attention_backward = tt_cpu_attention_backward,
+    .attention_merge = tt_cpu_attention_merge,
     .swiglu = tt_cpu_swiglu,
     .swiglu_backward = tt_cpu_swiglu_backward,
     .cross_entropy = tt_cpu_cross_entropy,

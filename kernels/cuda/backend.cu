@@ -16,7 +16,7 @@
  * the record: atomics on host memory over PCIe need platform support.
  *
  * The table's kernels live one family per file (elementwise.cu, reduce.cu,
- * index.cu, embed.cu, norm.cu, rope.cu, attention.cu, act.cu, loss.cu,
+ * index.cu, embed.cu, norm.cu, rope.cu, attention.cu (+ attention_merge.cu), act.cu, loss.cu,
  * optim.cu, rng.cu, copy.cu, gemm.cu); pinned host memory and the
  * asynchronous device->host copies of checkpoint snapshots are in host.cu.
  */
@@ -299,6 +299,7 @@ static tt_kernels tt_cuda_table_make(void) {
   k.rope = tt_cuda_rope;
   k.attention = tt_cuda_attention;
   k.attention_backward = tt_cuda_attention_backward;
+  k.attention_merge = tt_cuda_attention_merge;
   k.swiglu = tt_cuda_swiglu;
   k.swiglu_backward = tt_cuda_swiglu_backward;
   k.cross_entropy = tt_cuda_cross_entropy;

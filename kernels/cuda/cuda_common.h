@@ -125,6 +125,9 @@ tt_status tt_cuda_attention_backward(int dtype, int64_t B, int64_t T, int64_t S,
                                      int causal, double scale, const void *q, const void *k, const void *v,
                                      const void *o, const void *lse, const void *dout, void *dq, void *dk,
                                      void *dv);
+/* attention_merge.cu */
+tt_status tt_cuda_attention_merge(int dtype, int64_t B, int64_t T, int64_t H, int64_t D, int64_t t0, int64_t Tb,
+                                  void *acc, void *acc_lse, const void *out, const void *lse);
 /* act.cu */
 tt_status tt_cuda_swiglu(int dtype, int64_t n, const void *a, const void *b, void *y);
 tt_status tt_cuda_swiglu_backward(int dtype, int64_t n, const void *a, const void *b, const void *dy, void *da,

@@ -1,24 +1,27 @@
 -- cp.lua — context parallelism: each sequence split over the cp ranks, so
 -- a rank holds T / cp of its tokens' activations (long contexts), as
--- TorchTitan's context_parallel_degree with rotate method "allgather"
--- (Llama 3's context parallelism: all-gather the keys and values, which
--- grouped-query heads keep small).
+-- TorchTitan's context_parallel_degree, with its two rotate methods:
+--
+--   "allgather" (Llama 3's context parallelism): every rank all-gathers the
+--     keys and values of the whole sequence, which grouped-query heads keep
+--     small, and runs each local chunk against the keys up to its end.
+--   "alltoall" (ring attention, lua/parallel/cp_ring.lua): the keys and
+--     values travel around the ring of cp ranks a rank's share at a time,
+--     so no rank ever holds more than two shares of them.
 --
 -- Load balancing (head-tail): the sequence is cut into 2 cp chunks and
 -- rank r holds chunks r and 2 cp - 1 - r, so every rank has as much causal
--- attention work (an early chunk sees few keys, a late one many).
+-- attention work (an early chunk sees few keys, a late one many) and, in
+-- the ring, every step costs each rank the same.
 --
 -- Each rank embeds, normalizes and projects its own tokens; RoPE rotates
--- them by their positions in the whole sequence; attention gathers every
--- rank's keys and values and runs each local chunk against the keys up to
--- its end (causal, the last query aligned with the last key: exactly the
--- chunk's place in the sequence); the backward sums the keys' and values'
--- gradients back to the ranks that hold them (reduce-scatter). The loss is
--- each rank's tokens' share of the global mean, and the cp ranks take part
--- in the gradient sums as data-parallel ranks do (lua/titan/trainer.lua).
+-- them by their positions in the whole sequence; attention is one of the
+-- two above; the loss is each rank's tokens' share of the global mean, and
+-- the cp ranks take part in the gradient sums as data-parallel ranks do
+-- (lua/titan/trainer.lua).
 --
 --   local cp = require("parallel.cp")
---   cp.apply(model, group)          -- model: lua/models/llama3.lua
+--   cp.apply(model, group, { rotate_method = "alltoall" })  -- model: lua/models/llama3.lua
 --   local ids_local = cp.shard(ids, group:rank(), group:size())
 local titan = require("titan")
 local autograd = require("titan.autograd")
@@ -164,7 +167,10 @@ local Ctx = {}
 Ctx.__index = Ctx
 
 -- The attention of this rank's tokens (the model's Attention modules call it).
-function Ctx:attention(q, k, v) return Attention(q, k, v, self) end
+function Ctx:attention(q, k, v)
+  if self.rotate_method == "alltoall" then return require("parallel.cp_ring").attention(q, k, v, self) end
+  return Attention(q, k, v, self)
+end
 
 -- RoPE tables for this rank's tokens: the rows of the whole sequence's at
 -- their positions (so F.rope's offset 0 rotates each by its own), kept
@@ -188,16 +194,26 @@ function Ctx:free()
   if self.rope then self.rope.cos:free(); self.rope.sin:free(); self.rope = nil end
 end
 
+M.rotate_methods = { allgather = true, alltoall = true }
+
 -- The context of `group`'s ranks: ctx:attention(q, k, v) on their tokens.
-function M.context(group) return setmetatable({ group = group }, Ctx) end
+-- opts.rotate_method: "allgather" (default) or "alltoall" (ring attention).
+function M.context(group, opts)
+  local method = (opts or {}).rotate_method or "allgather"
+  if not M.rotate_methods[method] then
+    error(("cp: rotate_method '%s'; expected allgather or alltoall"):format(tostring(method)), 2)
+  end
+  return setmetatable({ group = group, rotate_method = method }, Ctx)
+end
 
 -- Make `model` (a lua/models/llama3.lua Transformer) context parallel over
 -- `group`: model.cp, which its forward and its Attention modules read.
-function M.apply(model, group)
+-- opts: as M.context's.
+function M.apply(model, group, opts)
   if type(model.cp_supported) ~= "function" or not model:cp_supported() then
     error("cp: the model family has no context parallel attention (expected lua/models/llama3.lua)", 2)
   end
-  local ctx = M.context(group)
+  local ctx = M.context(group, opts)
   rawset(model, "cp", ctx)
   for _, nm in ipairs(model:named_modules()) do
     if getmetatable(nm[2]).__name == "Attention" then rawset(nm[2], "cp", ctx) end

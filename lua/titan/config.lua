@@ -202,7 +202,8 @@ M.descriptions = {
   ["parallelism.cp"] =
     "context-parallel degree: each sequence split over cp ranks (head-tail chunks; seq_len % (2 cp) == 0)",
   ["parallelism.context_parallel_rotate_method"] =
-    "allgather: every cp rank gathers the keys and values of the whole sequence (grouped-query heads keep them small)",
+    "allgather: every cp rank gathers the keys and values of the whole sequence (grouped-query heads keep them small); "
+    .. "alltoall: ring attention, keys and values passed around the cp ranks a share at a time (longest contexts)",
   ["debug.deterministic"] = "same seed, same bits on a GPU (deterministic cuDNN engines only)",
   ["profiling.enable_profiling"] = "time every module, backward node and phase of every profile_freq-th step",
   ["profiling.save_traces_folder"] = "under job.dump_folder: iteration_N/rank<r>_trace.json (Chrome trace) + summary",
@@ -449,8 +450,9 @@ function M.validate(cfg)
     need(ok, tostring(err))
   end
   local par = cfg.parallelism
-  need(par.context_parallel_rotate_method == "allgather", ("parallelism.context_parallel_rotate_method = '%s'; "
-    .. "expected allgather (the one built)"):format(tostring(par.context_parallel_rotate_method)))
+  need(require("parallel.cp").rotate_methods[par.context_parallel_rotate_method], ("parallelism."
+    .. "context_parallel_rotate_method = '%s'; expected allgather or alltoall"):format(
+    tostring(par.context_parallel_rotate_method)))
   need(par.cp <= 1 or par.cp % 1 ~= 0 or t.seq_len % (2 * par.cp) == 0, ("training.seq_len = %d does not split into "
     .. "2 x parallelism.cp = %d chunks; expected a multiple of %d"):format(t.seq_len, par.cp, 2 * par.cp))
   need(require("parallel.pp").schedules[par.pipeline_parallel_schedule], "parallelism.pipeline_parallel_schedule "

@@ -381,7 +381,8 @@ function M.new(cfg, opts)
       models = {}
       for i, st in ipairs(self.pipe.stages) do models[i] = st.model end
     end
-    for i, m in ipairs(models) do self.cp_ctxs[i] = cp.apply(m, self.cp_group) end
+    self.cp_rotate = cfg.parallelism.context_parallel_rotate_method
+    for i, m in ipairs(models) do self.cp_ctxs[i] = cp.apply(m, self.cp_group, { rotate_method = self.cp_rotate }) end
   end
   local init = function(names) family.init_weights(model, t.seed, names) end
   if self.pp > 1 then
@@ -663,10 +664,12 @@ function Trainer:banner()
   end
   if self.cp_group then
     self.print(("context parallel over %s: %d ranks per sequence, each holding %d of its %d tokens (of %d chunks, "
-      .. "rank r the r-th from the start and from the end: the same causal work); keys and values all-gathered, "
-      .. "their gradients reduce-scattered; gradients summed over the data-parallel and context-parallel ranks%s")
-      :format(over, self.cp, t.seq_len / self.cp, t.seq_len, 2 * self.cp, self.fsdp and " (FSDP shards over both)"
-      or ""))
+      .. "rank r the r-th from the start and from the end: the same causal work); %s; gradients summed over the "
+      .. "data-parallel and context-parallel ranks%s"):format(over, self.cp, t.seq_len / self.cp, t.seq_len,
+      2 * self.cp, self.cp_rotate == "alltoall"
+      and "ring attention (alltoall): keys and values passed around the cp ranks a rank's share at a time"
+      or "keys and values all-gathered, their gradients reduce-scattered",
+      self.fsdp and " (FSDP shards over both)" or ""))
   end
   if self.tp_plan then
     self.print(("tensor parallel: %d ranks per replica split each block's heads and feed-forward units (%s); tps "

@@ -3,7 +3,8 @@
 -- and 1024 (320 on cuemu), head dims 64 and 128, in f32, bf16 and f16 (and f64 once); a
 -- deterministic forward; autograd through F.attention. The reference is the
 -- CPU kernel in float64 on exactly the values the device sees; every output
--- is poisoned with NaN before the op. The device's backward runs on the
+-- is poisoned with NaN before the op. Ring attention's merge of key blocks
+-- (context parallelism) against the CPU's merge of the same blocks. The device's backward runs on the
 -- device's own forward outputs (out, lse), as training does. Exits 77
 -- without a GPU (see helpers.lua).
 package.path = "./tests/cuda/?.lua;" .. package.path
@@ -108,6 +109,55 @@ describe("cuda attention", function()
     H.check_exact(runs[2][1], runs[1][1], "out (run twice)")
     H.check_exact(runs[2][2], runs[1][2], "lse (run twice)")
   end))
+
+  -- Ring attention's merge (lua/parallel/cp.lua): two blocks of keys, run on the device, folded
+  -- into an f32 accumulator at row 3 of 16, against the CPU's merge of the same blocks in f64.
+  -- The merged rows start as NaN with lse -inf (the first block must write every element); the
+  -- other rows must keep their bits.
+  for _, dt in ipairs({ "float32", "bfloat16", "float16", "float64" }) do
+    it("attention_merge of two key blocks matches the CPU (" .. dt .. ")", H.scoped(function()
+      local B, T, Hq, Hkv, D, S, T0, R = 2, 12, 4, 2, 64, 40, 3, 16
+      local sdt = dt == "float64" and "float64" or "float32"
+      local q = dev(H.randn({ B, T, Hq, D }, 51, dt))
+      local k, v = H.randn({ B, S, Hkv, D }, 52, dt), H.randn({ B, S, Hkv, D }, 53, dt)
+      local blocks = {}
+      for i, span in ipairs({ { 24, 16 }, { 0, 24 } }) do
+        local function part(x) return dev(x:narrow(2, span[1] + 1, span[2]):contiguous()) end
+        local kb, vb = part(k), part(v)
+        local ob, lb = box(), box()
+        ok(C.tt_op_attention(q._c, kb._c, vb._c, 0, 1 / math.sqrt(D), ob, lb), "attention block " .. i)
+        blocks[i] = { take(ob), take(lb) }
+      end
+      local acc0 = H.randn({ B, R, Hq, D }, 54, sdt)
+      acc0:narrow(2, T0 + 1, T):copy_(titan.full({ B, T, Hq, D }, H.NAN, { dtype = sdt }))
+      local lse0 = H.randn({ B, Hq, R }, 55, sdt)
+      lse0:narrow(3, T0 + 1, T):copy_(titan.full({ B, Hq, T }, -math.huge, { dtype = sdt }))
+      local acc, acc_lse = dev(acc0), dev(lse0)
+      local racc, rlse = f64(acc0), f64(lse0)
+      for i, blk in ipairs(blocks) do
+        ok(C.tt_op_attention_merge(acc._c, acc_lse._c, blk[1]._c, blk[2]._c, T0), "merge block " .. i)
+        ok(C.tt_op_attention_merge(racc._c, rlse._c, f64(blk[1])._c, f64(blk[2])._c, T0),
+          "merge block " .. i .. " (CPU)")
+      end
+      H.sync()
+      local tol = dt == "float64" and 1e-12 or 1e-6
+      H.check(acc:narrow(2, T0 + 1, T):contiguous(), racc:narrow(2, T0 + 1, T):contiguous(), tol, "merged out")
+      H.check(acc_lse:narrow(3, T0 + 1, T):contiguous(), rlse:narrow(3, T0 + 1, T):contiguous(), tol, "merged lse")
+      for _, r in ipairs({ { 1, T0 }, { T0 + T + 1, R - T0 - T } }) do
+        H.check_exact(acc:narrow(2, r[1], r[2]):contiguous(), acc0:narrow(2, r[1], r[2]):contiguous(),
+          "rows left alone")
+        H.check_exact(acc_lse:narrow(3, r[1], r[2]):contiguous(), lse0:narrow(3, r[1], r[2]):contiguous(),
+          "lse rows left alone")
+      end
+      -- a block whose rows saw no key changes nothing
+      local before, lbefore = acc:clone(), acc_lse:clone()
+      local none = titan.full({ B, Hq, T }, -math.huge, { dtype = sdt, device = H.DEV })
+      ok(C.tt_op_attention_merge(acc._c, acc_lse._c, blocks[1][1]._c, none._c, T0), "merge of an empty block")
+      H.sync()
+      H.check_exact(acc, before, "out after an empty block")
+      H.check_exact(acc_lse, lbefore, "lse after an empty block")
+    end))
+  end
 
   it("autograd through F.attention matches the CPU (f32, GQA, causal)", H.scoped(function()
     local B, T, Hq, Hkv, D = 2, 64, 4, 2, 64

@@ -72,7 +72,7 @@ end
 describe("the nccl backend across processes", function()
   it("every collective at world 3, each rank on its own GPU; Lua values through the MPI host group", function()
     if not mpi then return pending(NO_MPI) end
-    sh.worker_ok("TITAN_CUEMU=1 TITAN_CUEMU_DEVICES=3 TITAN_WORKER_BACKEND=nccl ", exe, 3, 38)
+    sh.worker_ok("TITAN_CUEMU=1 TITAN_CUEMU_DEVICES=3 TITAN_WORKER_BACKEND=nccl ", exe, 3, 42)
   end)
 end)
 
@@ -121,6 +121,16 @@ describe("training on several GPUs over NCCL", function()
         "context parallel over NCCL: 2 ranks per sequence, each holding 16 of its 32 tokens", notices = 2 },
       { "CP, deferred streams", { "--training.local_batch_size=4", "--parallelism.cp=2" },
         "context parallel over NCCL", nil, "TITAN_CUEMU_STREAMS=deferred ", notices = 2 },
+      -- ring attention: keys and values (then their gradients) sent around the ring while a block computes,
+      -- each stream's work deferred in both orders: a block that did not wait for the keys it was sent would
+      -- attend to the allocator's 0xff bytes, a send that did not wait for its block would send stale sums
+      -- (rank 0 runs 8 queries against 8 keys and 16 keys, causal, and 16 keys, all: three notices)
+      { "CP ring, deferred streams", { "--training.local_batch_size=4", "--parallelism.cp=2",
+        "--parallelism.context_parallel_rotate_method=alltoall" }, "ring attention (alltoall)", nil,
+        "TITAN_CUEMU_STREAMS=deferred ", notices = 3 },
+      { "CP ring, deferred streams in reverse", { "--training.local_batch_size=4", "--parallelism.cp=2",
+        "--parallelism.context_parallel_rotate_method=alltoall" }, "ring attention (alltoall)", nil,
+        "TITAN_CUEMU_STREAMS=deferred TITAN_CUEMU_ORDER=reverse ", notices = 3 },
     }
     for _, c in ipairs(cases) do
       local dump = sh.tmpdir()
@@ -146,18 +156,24 @@ describe("training on several GPUs over NCCL", function()
     end
   end)
 
-  it("bf16 parameters under FSDP on 2 GPUs: one GPU's curve up to bf16 rounding", function()
+  -- (and bf16 ring attention: bf16 blocks folded into f32 sums, the gradients' sums in f32 too)
+  it("bf16 parameters under FSDP and under CP's ring on 2 GPUs: one GPU's curve up to bf16 rounding", function()
     if not mpi then return pending(NO_MPI) end
     local bf16 = { "--training.mixed_precision_param=bfloat16" }
-    local want, dump = one_gpu(bf16), sh.tmpdir()
-    run_ok(train_cmd(2, dump, with(bf16, { "--training.steps=3", "--training.local_batch_size=2" })))
-    local got = curve(dump)
-    for s = 1, 3 do
-      -- (the loss is each rank's bf16 loss, averaged: a bf16 step at 8 is 1/32)
-      assert.is_true(math.abs(want[s][1] - got[s][1]) <= 0.07, ("step %d loss: %.9g vs %.9g"):format(s, want[s][1],
-        got[s][1]))
-      assert.is_true(math.abs(want[s][2] - got[s][2]) <= 2e-3 * want[s][2], ("step %d grad_norm: %.9g vs %.9g"):format(
-        s, want[s][2], got[s][2]))
+    local want = one_gpu(bf16)
+    local layouts = { FSDP = { "--training.local_batch_size=2" }, ["CP ring"] = { "--training.local_batch_size=4",
+      "--parallelism.cp=2", "--parallelism.context_parallel_rotate_method=alltoall" } }
+    for what, extra in pairs(layouts) do
+      local dump = sh.tmpdir()
+      run_ok(train_cmd(2, dump, with(bf16, with(extra, { "--training.steps=3" }))))
+      local got = curve(dump)
+      for s = 1, 3 do
+        -- (the loss is each rank's bf16 loss, averaged: a bf16 step at 8 is 1/32)
+        assert.is_true(math.abs(want[s][1] - got[s][1]) <= 0.07, ("%s step %d loss: %.9g vs %.9g"):format(what, s,
+          want[s][1], got[s][1]))
+        assert.is_true(math.abs(want[s][2] - got[s][2]) <= 2e-3 * want[s][2], ("%s step %d grad_norm: %.9g vs %.9g")
+          :format(what, s, want[s][2], got[s][2]))
+      end
     end
   end)
 

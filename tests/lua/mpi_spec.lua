@@ -63,7 +63,7 @@ end
 describe("mpi backend", function()
   it("every collective across 3 processes", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
-    sh.worker_ok("", exe, 3, 39)
+    sh.worker_ok("", exe, 3, 43)
   end)
 end)
 
@@ -405,7 +405,9 @@ describe("pipeline parallelism over MPI", function()
 end)
 
 describe("context parallelism over MPI", function()
-  it("cp 2 alone, with FSDP (and AC), HSDP, TP and PP x TP trains the losses of one process", function()
+  local RING = "--parallelism.context_parallel_rotate_method=alltoall"
+  it("cp 2 alone, with FSDP (and AC), HSDP, TP and PP x TP, and the ring (cp 4, cp 2 x FSDP) train the losses of "
+    .. "one process", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
     local steps = "--training.steps=3"
     local one = baseline()
@@ -422,13 +424,18 @@ describe("context parallelism over MPI", function()
       { "cp 2 x tp 2", 4, { "--training.local_batch_size=4", "--parallelism.tp=2" }, "tensor parallel: 2 ranks" },
       { "pp 2 x cp 2 x tp 2", 8, { "--training.local_batch_size=4", "--parallelism.tp=2", "--parallelism.pp=2" },
         "pipeline parallel: 2 stages" },
+      -- ring attention: keys and values passed around the cp ranks (and, with full AC, again in the recompute)
+      { "cp 4, ring", 4, { "--training.local_batch_size=4", RING, "--parallelism.cp=4" },
+        "context parallel over MPI: 4 ranks per sequence, each holding 8 of its 32 tokens (of 8 chunks" },
+      { "cp 2, ring x FSDP 2, AC", 4, { "--training.local_batch_size=2", RING, "--activation_checkpoint.mode=full" },
+        "ring attention (alltoall): keys and values passed around the cp ranks" },
     }
     local a, va = losses(one), losses(one, "validation_loss")[3]
     for _, c in ipairs(cases) do
       local dump = tmpdir()
-      local out = run_ok(train_cmd(c[2], dump, with(VAL, with(c[3], { steps, "--parallelism.cp=2" }))))
+      local out = run_ok(train_cmd(c[2], dump, with(VAL, with({ steps, "--parallelism.cp=2" }, c[3]))))
       assert.truthy(out:find(c[4], 1, true), out)
-      assert.truthy(out:find("context parallel over MPI: 2 ranks per sequence", 1, true), out)
+      assert.truthy(out:find("context parallel over MPI: %d ranks per sequence"), out)
       assert.truthy(out:find("validate: step     3  loss: +[%d.]+  %(256 tokens%)"), out)
       local b = losses(dump)
       for s = 1, 3 do close(a[s], b[s], s, c[1]) end
@@ -542,8 +549,8 @@ describe("launcher and layout errors", function()
       .. "2 x 2 x 1, but the job has 2 rank(s); expected their product to divide the number of ranks")
     one_line(exe .. " " .. base .. "--parallelism.cp=2 --training.seq_len=30", "training.seq_len = 30 does not split "
       .. "into 2 x parallelism.cp = 2 chunks; expected a multiple of 4")
-    one_line(exe .. " " .. base .. "--parallelism.context_parallel_rotate_method=alltoall",
-      "parallelism.context_parallel_rotate_method = 'alltoall'; expected allgather")
+    one_line(exe .. " " .. base .. "--parallelism.context_parallel_rotate_method=ring",
+      "parallelism.context_parallel_rotate_method = 'ring'; expected allgather or alltoall")
     one_line(exe .. " " .. base .. "--parallelism.cp=0", "parallelism.cp = 0; expected a positive degree")
   end)
 

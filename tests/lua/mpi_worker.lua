@@ -176,15 +176,18 @@ do
   local qw, kw, vw = q:clone():requires_grad_(), k:clone():requires_grad_(), v:clone():requires_grad_()
   local ow = F.attention(qw, kw, vw, { causal = true })
   ow:mul(dout):sum():backward()
-  local ql = cp.shard(q, r, n):requires_grad_()
-  local kl, vl = cp.shard(k, r, n):requires_grad_(), cp.shard(v, r, n):requires_grad_()
-  local ol = cp.context(g):attention(ql, kl, vl)
-  ol:mul(cp.shard(dout, r, n)):sum():backward()
   local function mine(t) return cp.shard(t, r, n):to("cpu"):tolist_flat() end
-  same("cp attention", ol:to("cpu"):tolist_flat(), mine(ow:detach()), 1e-5)
-  same("cp attention dq", ql.grad:to("cpu"):tolist_flat(), mine(qw.grad), 1e-5)
-  same("cp attention dk", kl.grad:to("cpu"):tolist_flat(), mine(kw.grad), 1e-5)
-  same("cp attention dv", vl.grad:to("cpu"):tolist_flat(), mine(vw.grad), 1e-5)
+  for _, method in ipairs({ "allgather", "alltoall" }) do -- (all keys at once; the ring)
+    local ql = cp.shard(q, r, n):requires_grad_()
+    local kl, vl = cp.shard(k, r, n):requires_grad_(), cp.shard(v, r, n):requires_grad_()
+    local ol = cp.context(g, { rotate_method = method }):attention(ql, kl, vl)
+    ol:mul(cp.shard(dout, r, n)):sum():backward()
+    local what = "cp attention " .. method
+    same(what, ol:to("cpu"):tolist_flat(), mine(ow:detach()), 1e-5)
+    same(what .. " dq", ql.grad:to("cpu"):tolist_flat(), mine(qw.grad), 1e-5)
+    same(what .. " dk", kl.grad:to("cpu"):tolist_flat(), mine(kw.grad), 1e-5)
+    same(what .. " dv", vl.grad:to("cpu"):tolist_flat(), mine(vw.grad), 1e-5)
+  end
 end
 
 -- misuse: one clear line each

@@ -553,6 +553,57 @@ describe("nn primitives", function()
     end
   end)
 
+  -- Ring attention (lua/parallel/cp.lua) runs each rank's queries against the keys a share at a
+  -- time and folds the blocks together with their log-sum-exps.
+  it("attention_merge folds blocks of keys into the attention over all of them (f32, f64)", function()
+    local C, ffi, wrap = titan.C, titan.ffi, require("titan.tensor").wrap
+    local function last_error() return ffi.string(C.tt_last_error()) end
+    local function attn(q, k, v)
+      local o, l = ffi.new("tt_tensor*[1]"), ffi.new("tt_tensor*[1]")
+      assert(C.tt_op_attention(q._c, k._c, v._c, 0, 1 / math.sqrt(q:size(4)), o, l) == 0, last_error())
+      return wrap(o[0]), wrap(l[0])
+    end
+    for _, dt in ipairs({ "float64", "float32" }) do
+      local tol = dt == "float64" and 1e-12 or 2e-6
+      local B, T, Hq, Hkv, D, S, T0 = 2, 5, 4, 2, 6, 9, 3
+      local q, k, v = randn({ B, T, Hq, D }, 31, dt), randn({ B, S, Hkv, D }, 32, dt), randn({ B, S, Hkv, D }, 33, dt)
+      local whole, wlse = attn(q, k, v)
+      -- the queries land on rows 3..7 of a 10-row accumulator; rows 0..2 and 8..9 keep their values
+      local acc = randn({ B, 10, Hq, D }, 34, dt)
+      local acc_lse = randn({ B, Hq, 10 }, 35, dt)
+      acc_lse:narrow(3, T0 + 1, T):copy_(titan.full({ B, Hq, T }, -math.huge, { dtype = dt }))
+      local acc0, lse0 = acc:clone(), acc_lse:clone()
+      -- (the later keys first: the order does not matter)
+      for _, span in ipairs({ { 5, 4 }, { 0, 2 }, { 2, 3 } }) do
+        local function part(x) return x:narrow(2, span[1] + 1, span[2]):contiguous() end
+        local o, l = attn(q, part(k), part(v))
+        assert(C.tt_op_attention_merge(acc._c, acc_lse._c, o._c, l._c, T0) == 0, last_error())
+      end
+      assert_close(acc:narrow(2, T0 + 1, T):tolist_flat(), whole:tolist_flat(), tol, "merged out " .. dt)
+      assert_close(acc_lse:narrow(3, T0 + 1, T):tolist_flat(), wlse:tolist_flat(), tol, "merged lse " .. dt)
+      for _, r in ipairs({ { 1, T0 }, { T0 + T + 1, 10 - T0 - T } }) do
+        assert.are.same(acc0:narrow(2, r[1], r[2]):tolist_flat(), acc:narrow(2, r[1], r[2]):tolist_flat())
+        assert.are.same(lse0:narrow(3, r[1], r[2]):tolist_flat(), acc_lse:narrow(3, r[1], r[2]):tolist_flat())
+      end
+      -- a block whose rows saw no key (lse -inf) changes nothing
+      local before, lbefore = acc:tolist_flat(), acc_lse:tolist_flat()
+      local none = titan.full({ B, Hq, T }, -math.huge, { dtype = dt })
+      assert(C.tt_op_attention_merge(acc._c, acc_lse._c, whole._c, none._c, T0) == 0, last_error())
+      assert.are.same(before, acc:tolist_flat())
+      assert.are.same(lbefore, acc_lse:tolist_flat())
+    end
+    -- misuse: one line naming what was wrong
+    local acc, lse = titan.zeros({ 1, 4, 2, 3 }), titan.zeros({ 1, 2, 4 })
+    local o, l = titan.zeros({ 1, 3, 2, 3 }), titan.zeros({ 1, 2, 3 })
+    assert.are_not.equal(0, C.tt_op_attention_merge(acc._c, lse._c, o._c, l._c, 2))
+    assert.truthy(last_error():find("attention_merge: out [1, 3, 2, 3] at row 2 does not fit acc [1, 4, 2, 3]",
+      1, true), last_error())
+    local acc64 = titan.zeros({ 1, 4, 2, 3 }, { dtype = "float64" })
+    assert.are_not.equal(0, C.tt_op_attention_merge(acc64._c, lse._c, o._c, l._c, 0))
+    assert.truthy(last_error():find("acc [1, 4, 2, 3] has dtype float64; expected float32", 1, true),
+      last_error())
+  end)
+
   it("swiglu (value + gradient)", function()
     local a, b = leaf({ 3, 5 }, 8), leaf({ 3, 5 }, 9)
     local got, af, bf = F.swiglu(a, b):tolist_flat(), a:tolist_flat(), b:tolist_flat()
