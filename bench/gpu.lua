@@ -235,6 +235,11 @@ local function with_env(var, v, fn)
   if not fine then error(err, 0) end
 end
 local gemm_rows = {}
+local function add_gemm_row(r)
+  results.gemm[#results.gemm + 1] = r
+  gemm_rows[#gemm_rows + 1] = { r.label, r.dtype, ("%dx%dx%d"):format(r.M, r.N, r.K), f3(r.ms), f1(r.tflops),
+    ("%.0f%%"):format(100 * r.tflops * 1e12 / PEAK) }
+end
 -- ta/tb as the C API takes them: y = x @ W^T is (x [M,K], W [N,K], 0, 1).
 -- tuned: with training.gemm_autotune's switch on (docs/cuda.md), next to the
 -- heuristic's row of the same shape; the first call, which times the
@@ -261,11 +266,7 @@ local function gemm(label, M, N, K, dt, ta, tb, tuned, api)
     print(("  [gemm] %-26s %s %5dx%5dx%5d  %8.3f ms  %7.1f TFLOP/s"):format(label, dt, M, N, K, t * 1e3, tflops))
     return { label = label, dtype = dt, M = M, N = N, K = K, ms = t * 1e3, tflops = tflops, ta = ta, tb = tb }
   end)
-  if r then
-    results.gemm[#results.gemm + 1] = r
-    gemm_rows[#gemm_rows + 1] = { r.label, r.dtype, ("%dx%dx%d"):format(r.M, r.N, r.K), f3(r.ms), f1(r.tflops),
-      ("%.0f%%"):format(100 * r.tflops * 1e12 / PEAK) }
-  end
+  if r then add_gemm_row(r) end
   titan.set_gemm_autotune(false)
 end
 
@@ -738,6 +739,26 @@ results.meta = { titan = titan.version(), device = DEV, sync = sync_how, peak_fl
 print(("titan %s | bench/gpu.lua | device %s | sync: %s | budget %s s%s"):format(titan.version(), DEV, sync_how,
   tostring(args.budget), args.quick and " | quick" or ""))
 
+-- The float8 GEMM (docs/float8.md): x [M, K] and W [N, K] cast to e4m3 once, outside the timing, then
+-- tt_op_matmul_float8 to bf16 with cuBLASLt's fast accumulation, the forward's GEMM of a float8 Linear;
+-- the row's "dtype" is the operands'. PyTorch's peer is torch._scaled_mm on the same operands.
+local function gemm_float8(label, M, N, K)
+  local f8 = require("parallel.float8")
+  local out_dt = ON_GPU and "bfloat16" or "float32"
+  local r = guarded("gemm", label, ON_GPU and 2 * M * N * K / 1000e12 * 20 + 3 or 0, function()
+    local a8, sa = f8.to_float8(rand_dev({ M, K }, "float32", 1), "float8_e4m3fn")
+    local b8, sb = f8.to_float8(rand_dev({ N, K }, "float32", 2), "float8_e4m3fn")
+    local out = titan.empty({ M, N }, { dtype = out_dt, device = DEV })
+    local fn = function() f8.matmul(a8, b8, sa, sb, out_dt, { fast_accum = true, into = out }) end
+    local t = time_it(fn, reps_for(fn, 0.05), 5, 2)
+    local tflops = 2 * M * N * K / t / 1e12
+    print(("  [gemm] %-26s e4m3 %5dx%5dx%5d  %8.3f ms  %7.1f TFLOP/s"):format(label, M, N, K, t * 1e3, tflops))
+    return { label = label, dtype = "float8_e4m3fn", M = M, N = N, K = K, ms = t * 1e3, tflops = tflops, ta = 0,
+      tb = 1 }
+  end)
+  if r then add_gemm_row(r) end
+end
+
 local S = args.smoke -- tiny shapes (CPU smoke test of this script)
 local BF = ON_GPU and "bfloat16" or "float32"
 
@@ -746,6 +767,7 @@ if S then gemm("square", 64, 64, 64, BF) else gemm("square 8192^3", 8192, 8192, 
 if S then gemm("square", 64, 64, 64, BF, 0, 1, true) else gemm("square 8192^3", 8192, 8192, 8192, BF, 0, 1, true) end
 if S then gemm("square", 64, 64, 64, BF, 0, 1, false, "cublas") else
   gemm("square 8192^3", 8192, 8192, 8192, BF, 0, 1, false, "cublas") end
+if S then gemm_float8("square fp8", 64, 64, 64) else gemm_float8("square 8192^3 fp8", 8192, 8192, 8192) end
 if S then attention(1, 64, 4, 2, 32, BF) else attention(1, 8192, 32, 8, 128, BF) end
 if S then
   copy_bench(65536, "float32")

@@ -176,6 +176,29 @@ def gemm(label, M, N, K, dt, ta=0, tb=1):
         RESULTS["gemm"].append(r)
 
 
+def gemm_float8(label, M, N, K):
+    """bench/gpu.lua's gemm_float8: e4m3 x [M, K] and w [N, K] with tensorwise scales, bf16 out, fast
+    accumulation: torch._scaled_mm as torchao's Float8Linear forward calls it."""
+    def run():
+        dev = ARGS.device
+        if not hasattr(torch, "_scaled_mm") or not dev.startswith("cuda"):
+            raise RuntimeError("torch._scaled_mm on a GPU is needed")
+        f8 = torch.float8_e4m3fn
+        x, w = torch.randn(M, K, device=dev), torch.randn(N, K, device=dev)
+        sx, sw = 448.0 / x.abs().max(), 448.0 / w.abs().max()
+        a, b = (x * sx).clamp(-448, 448).to(f8), (w * sw).clamp(-448, 448).to(f8)
+        ia, ib = sx.reciprocal().float(), sw.reciprocal().float()
+        t = time_it(lambda: torch._scaled_mm(a, b.t(), scale_a=ia, scale_b=ib, out_dtype=torch.bfloat16,
+                                             use_fast_accum=True))
+        tf = 2 * M * N * K / t / 1e12
+        print(f"  [gemm] {label:26s} {M}x{N}x{K}: {t * 1e3:.3f} ms, {tf:.1f} TFLOP/s", flush=True)
+        return dict(label=label, dtype="float8_e4m3fn", M=M, N=N, K=K, ms=t * 1e3, tflops=tf)
+
+    r = guarded("gemm", label, 5, run)
+    if r:
+        RESULTS["gemm"].append(r)
+
+
 # ---- attention ------------------------------------------------------------------------------------
 # TorchTitan runs F.scaled_dot_product_attention inside
 # sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH],
@@ -613,6 +636,7 @@ def main():
         attention(1, 64, 4, 2, 32, bf, "flash")
     else:
         gemm("square 8192^3", 8192, 8192, 8192, bf)
+        gemm_float8("square 8192^3 fp8", 8192, 8192, 8192)
         attention(1, 8192, 32, 8, 128, bf)
         attention(1, 8192, 32, 8, 128, bf, "flash")
     memory_benches(S)

@@ -387,6 +387,23 @@ tt_status tt_op_attention_backward(const tt_tensor *q, const tt_tensor *k, const
 tt_status tt_op_attention_merge(tt_tensor *acc, tt_tensor *acc_lse, const tt_tensor *out, const tt_tensor *lse,
                                 int64_t t0);
 
+/* Float8 training (lua/parallel/float8.lua; torchao's Float8Linear with
+ * tensorwise dynamic scaling). to_float8: out = x * s in `dtype`
+ * (TT_F8E4M3 or TT_F8E5M2), saturated to the format's largest finite value
+ * (448 or 57344), with s = fmax / max(max |x|, 1e-12) in f32; scale_inv: a
+ * 0-d f32 tensor on x's device, 1 / s, which multiplies the fp8 values back.
+ * x: contiguous f32, bf16 or f16. Computed on the device (no host wait). */
+tt_status tt_op_to_float8(const tt_tensor *x, int dtype, tt_tensor **out, tt_tensor **scale_inv);
+/* out [M, N] = a_scale_inv * b_scale_inv * (a @ b^T) (+ out when accumulate):
+ * a [M, K] and b [N, K] contiguous fp8 (not both e5m2), the scales
+ * to_float8's; out of out_dtype (f32, bf16, f16). On CUDA cuBLASLt's fp8
+ * GEMM (K and N multiples of 16; fast_accum: its faster accumulation, which
+ * torchao uses for the forward's output); on the CPU the fp8 values widened
+ * to f32 and multiplied in f32. */
+tt_status tt_op_matmul_float8(const tt_tensor *a, const tt_tensor *b, const tt_tensor *a_scale_inv,
+                              const tt_tensor *b_scale_inv, int out_dtype, int accumulate, int fast_accum,
+                              tt_tensor **out);
+
 /* y = silu(a) * b. */
 tt_status tt_op_swiglu(const tt_tensor *a, const tt_tensor *b, tt_tensor **out);
 tt_status tt_op_swiglu_backward(const tt_tensor *a, const tt_tensor *b, const tt_tensor *dy,

@@ -63,6 +63,7 @@ static const tt_kernels tt_cpu_table = {
     .attention = tt_cpu_attention,
     .attention_backward = tt_cpu_attention_backward,
     .attention_merge = tt_cpu_attention_merge,
+    .to_float8 = tt_cpu_to_float8,
     .swiglu = tt_cpu_swiglu,
     .swiglu_backward = tt_cpu_swiglu_backward,
     .cross_entropy = tt_cpu_cross_entropy,

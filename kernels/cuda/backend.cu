@@ -17,7 +17,7 @@
  *
  * The table's kernels live one family per file (elementwise.cu, reduce.cu,
  * index.cu, embed.cu, norm.cu, rope.cu, attention.cu (+ attention_merge.cu), act.cu, loss.cu,
- * optim.cu, rng.cu, copy.cu, gemm.cu); pinned host memory and the
+ * optim.cu, rng.cu, copy.cu, gemm.cu, float8.cu); pinned host memory and the
  * asynchronous device->host copies of checkpoint snapshots are in host.cu.
  */
 #include <atomic>
@@ -300,6 +300,8 @@ static tt_kernels tt_cuda_table_make(void) {
   k.attention = tt_cuda_attention;
   k.attention_backward = tt_cuda_attention_backward;
   k.attention_merge = tt_cuda_attention_merge;
+  k.to_float8 = tt_cuda_to_float8;
+  k.gemm_float8 = tt_cuda_gemm_float8;
   k.swiglu = tt_cuda_swiglu;
   k.swiglu_backward = tt_cuda_swiglu_backward;
   k.cross_entropy = tt_cuda_cross_entropy;

@@ -125,6 +125,10 @@ tt_status tt_cuda_attention_backward(int dtype, int64_t B, int64_t T, int64_t S,
                                      int causal, double scale, const void *q, const void *k, const void *v,
                                      const void *o, const void *lse, const void *dout, void *dq, void *dk,
                                      void *dv);
+/* float8.cu, gemm.cu */
+tt_status tt_cuda_to_float8(int dtype, int64_t n, const void *x, int fp8_dtype, void *y, float *scale_inv);
+tt_status tt_cuda_gemm_float8(int a_dtype, int b_dtype, int c_dtype, int64_t m, int64_t n, int64_t k, const void *a,
+                              const void *b, const float *sa, const float *sb, double beta, void *c, int fast_accum);
 /* attention_merge.cu */
 tt_status tt_cuda_attention_merge(int dtype, int64_t B, int64_t T, int64_t H, int64_t D, int64_t t0, int64_t Tb,
                                   void *acc, void *acc_lse, const void *out, const void *lse);

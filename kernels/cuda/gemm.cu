@@ -52,6 +52,14 @@
  * same shapes (bench/gpu.lua), the 1B step's GEMMs being slower than
  * PyTorch's while 8192^3 runs alike. cuBLAS gives the same bits on every
  * run on one GPU with one stream (its documented reproducibility).
+ *
+ * fp8 (tt_cuda_gemm_float8, float8 linear layers): C = sa * sb * A @ B^T
+ * with A [m, k] and B [n, k] row-major e4m3/e5m2, the scales device f32
+ * scalars (CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER, so they never visit the
+ * host). Both operands contiguous along k is the one layout cuBLASLt's fp8
+ * kernels take ("TN": read column-major, B is cuBLASLt's transposed A and
+ * A its plain B). The scale pointers change from call to call and are set
+ * on the shared plan before each.
  */
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -81,9 +89,10 @@ static tt_status tt_lt_fail(cublasStatus_t s, const char *call, const char *file
     if (tt_lt_st_ != CUBLAS_STATUS_SUCCESS) return tt_lt_fail(tt_lt_st_, #call, __FILE__, __LINE__); \
   } while (0)
 
-/* bias_dtype is -1 without a bias; align_bias 0 then. */
+/* bias_dtype is -1 without a bias; align_bias 0 then. a8 and b8: the fp8
+ * operands' dtypes of tt_cuda_gemm_float8's keys (dtype then C's), else 0. */
 struct tt_gemm_key {
-  int32_t dtype, trans_a, trans_b, align_a, align_b, align_c, bias_dtype, align_bias, tf32, tune;
+  int32_t dtype, trans_a, trans_b, align_a, align_b, align_c, bias_dtype, align_bias, tf32, tune, a8, b8, fast;
   int64_t batch, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c;
 };
 
@@ -116,6 +125,35 @@ static void tt_gemm_plan_release(tt_gemm_plan *p) {
   if (p->la) cublasLtMatrixLayoutDestroy(p->la);
   if (p->op) cublasLtMatmulDescDestroy(p->op);
   memset(p, 0, sizeof *p);
+}
+
+/* The cached plan of key, or NULL. */
+static tt_gemm_plan *tt_gemm_plan_find(tt_gemm_dev *g, const tt_gemm_key *key) {
+  for (int i = 0; i < TT_GEMM_CACHE; i++)
+    if (g->plans[i].used && memcmp(&g->plans[i].key, key, sizeof *key) == 0) return &g->plans[i];
+  return NULL;
+}
+
+/* A released slot for a new plan (round-robin eviction). */
+static tt_gemm_plan *tt_gemm_plan_slot(tt_gemm_dev *g) {
+  tt_gemm_plan *p = &g->plans[g->next];
+  g->next = (g->next + 1) % TT_GEMM_CACHE;
+  tt_gemm_plan_release(p);
+  return p;
+}
+
+/* A preference with the shared workspace's size and the operands' alignments
+ * (A, B, C, D in cuBLASLt's order). */
+static cublasStatus_t tt_gemm_pref(cublasLtMatmulPreference_t pref, const uint32_t al[4]) {
+  uint64_t ws = TT_GEMM_WORKSPACE;
+  const cublasLtMatmulPreferenceAttributes_t which[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                          sizeof ws);
+  for (int i = 0; i < 4 && s == CUBLAS_STATUS_SUCCESS; i++)
+    s = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], 4);
+  return s;
 }
 
 /* Largest power of two (up to 256) dividing the address of every batch's matrix. */
@@ -170,17 +208,8 @@ static tt_status tt_gemm_plan_build(tt_gemm_dev *g, tt_gemm_plan *p, const tt_ge
 
   cublasLtMatmulPreference_t pref;
   TT_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  uint64_t ws = TT_GEMM_WORKSPACE;
-  uint32_t al[4] = {(uint32_t)q->align_b, (uint32_t)q->align_a, (uint32_t)q->align_c, (uint32_t)q->align_c};
-  cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-  if (s == CUBLAS_STATUS_SUCCESS)
-    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], 4);
-  if (s == CUBLAS_STATUS_SUCCESS)
-    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4);
-  if (s == CUBLAS_STATUS_SUCCESS)
-    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4);
-  if (s == CUBLAS_STATUS_SUCCESS)
-    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], 4);
+  const uint32_t al[4] = {(uint32_t)q->align_b, (uint32_t)q->align_a, (uint32_t)q->align_c, (uint32_t)q->align_c};
+  cublasStatus_t s = tt_gemm_pref(pref, al);
   cublasLtMatmulHeuristicResult_t h[TT_GEMM_TUNE_CANDIDATES];
   int found = 0;
   if (s == CUBLAS_STATUS_SUCCESS)
@@ -428,13 +457,9 @@ extern "C" tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t b
       key.stride_c = stride_c;
     }
 
-    tt_gemm_plan *p = NULL;
-    for (int i = 0; i < TT_GEMM_CACHE && !p; i++)
-      if (g->plans[i].used && memcmp(&g->plans[i].key, &key, sizeof key) == 0) p = &g->plans[i];
+    tt_gemm_plan *p = tt_gemm_plan_find(g, &key);
     if (!p) {
-      p = &g->plans[g->next];
-      g->next = (g->next + 1) % TT_GEMM_CACHE;
-      tt_gemm_plan_release(p);
+      p = tt_gemm_plan_slot(g);
       st = tt_gemm_plan_build(g, p, &key, t, ct, scale, epi_bias);
       if (st != TT_OK) {
         tt_gemm_plan_release(p);
@@ -469,5 +494,116 @@ extern "C" tt_status tt_cuda_gemm(int dtype, int trans_a, int trans_b, int64_t b
                                                                               c, bias, bias_dtype);
     TT_CUDA_CHECK_LAUNCH("tt_gemm_scale_c (bias)");
   }
+  return TT_OK;
+}
+
+/* ---- fp8 ------------------------------------------------------------------ */
+
+static int tt_gemm_f8_type(int dtype, cudaDataType_t *t) {
+  switch (dtype) {
+    case TT_F8E4M3: *t = CUDA_R_8F_E4M3; return 1;
+    case TT_F8E5M2: *t = CUDA_R_8F_E5M2; return 1;
+    default: return 0;
+  }
+}
+
+static tt_status tt_gemm_f8_plan_build(tt_gemm_dev *g, tt_gemm_plan *p, const tt_gemm_key *q, cudaDataType_t ta,
+                                       cudaDataType_t tb, cudaDataType_t tc) {
+  memset(p, 0, sizeof *p);
+  const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+  TT_LT_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  TT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+  TT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+  const int8_t fast = (int8_t)q->fast;
+  TT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+  tt_status st;
+  if ((st = tt_gemm_layout(&p->la, tb, q->k, q->n, q->ldb, 1, 0)) != TT_OK) return st;
+  if ((st = tt_gemm_layout(&p->lb, ta, q->k, q->m, q->lda, 1, 0)) != TT_OK) return st;
+  if ((st = tt_gemm_layout(&p->lc, tc, q->n, q->m, q->ldc, 1, 0)) != TT_OK) return st;
+  cublasLtMatmulPreference_t pref;
+  TT_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint32_t al[4] = {(uint32_t)q->align_b, (uint32_t)q->align_a, (uint32_t)q->align_c, (uint32_t)q->align_c};
+  cublasStatus_t s = tt_gemm_pref(pref, al);
+  cublasLtMatmulHeuristicResult_t h;
+  int found = 0;
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &h, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED)
+    return tt_lt_fail(s, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED || found == 0)
+    return tt_error_set(TT_ERR_UNSUPPORTED,
+                        "cuda float8 matmul: cuBLASLt has no fp8 algorithm for m %lld, n %lld, k %lld (a dtype %d, "
+                        "b dtype %d, out dtype %d, alignment %d/%d/%d); fp8 GEMMs need compute capability 8.9 or "
+                        "newer and k and n multiples of 16",
+                        (long long)q->m, (long long)q->n, (long long)q->k, q->a8, q->b8, q->dtype, q->align_a,
+                        q->align_b, q->align_c);
+  p->algo = h.algo;
+  p->key = *q;
+  p->used = 1;
+  return TT_OK;
+}
+
+extern "C" tt_status tt_cuda_gemm_float8(int a_dtype, int b_dtype, int c_dtype, int64_t m, int64_t n, int64_t k,
+                                         const void *a, const void *b, const float *sa, const float *sb, double beta,
+                                         void *c, int fast_accum) {
+  cudaDataType_t ta, tb, tc;
+  size_t es;
+  if (!tt_gemm_f8_type(a_dtype, &ta) || !tt_gemm_f8_type(b_dtype, &tb) ||
+      (a_dtype == TT_F8E5M2 && b_dtype == TT_F8E5M2))
+    return tt_error_set(TT_ERR_DTYPE, "cuda float8 matmul: operand dtypes %d and %d (expected e4m3 or e5m2, not both "
+                        "e5m2)", a_dtype, b_dtype);
+  switch (c_dtype) {
+    case TT_F32: tc = CUDA_R_32F; es = 4; break;
+    case TT_BF16: tc = CUDA_R_16BF; es = 2; break;
+    case TT_F16: tc = CUDA_R_16F; es = 2; break;
+    default: return tt_error_set(TT_ERR_DTYPE, "cuda float8 matmul: out dtype %d (expected f32, bf16, f16)", c_dtype);
+  }
+  if (m <= 0 || n <= 0) return TT_OK;
+  int device;
+  cudaStream_t s;
+  tt_status st = tt_cuda_current(&device, &s);
+  if (st != TT_OK) return st;
+  if (k <= 0) {
+    if (beta == 1.0) return TT_OK;
+    tt_gemm_scale_c<<<tt_cuda_blocks(m * n), TT_CUDA_THREADS, 0, s>>>(c_dtype, 1, m, n, n, 0, beta, c, NULL, 0);
+    TT_CUDA_CHECK_LAUNCH("tt_gemm_scale_c");
+    return TT_OK;
+  }
+  tt_gemm_dev *g = &tt_gemm_devs[device];
+  std::lock_guard<std::mutex> guard(g->lock);
+  if ((st = tt_gemm_dev_init(g)) != TT_OK) return st;
+  tt_gemm_key key;
+  memset(&key, 0, sizeof key);
+  key.dtype = c_dtype;
+  key.a8 = a_dtype;
+  key.b8 = b_dtype;
+  key.fast = fast_accum != 0;
+  key.trans_b = 1;
+  key.align_a = tt_gemm_align(a, 1, 0, 1);
+  key.align_b = tt_gemm_align(b, 1, 0, 1);
+  key.align_c = tt_gemm_align(c, 1, 0, es);
+  key.bias_dtype = -1;
+  key.batch = 1;
+  key.m = m;
+  key.n = n;
+  key.k = k;
+  key.lda = k;
+  key.ldb = k;
+  key.ldc = n;
+  tt_gemm_plan *p = tt_gemm_plan_find(g, &key);
+  if (!p) {
+    p = tt_gemm_plan_slot(g);
+    if ((st = tt_gemm_f8_plan_build(g, p, &key, ta, tb, tc)) != TT_OK) {
+      tt_gemm_plan_release(p);
+      return st;
+    }
+  }
+  /* cuBLASLt's A is our B and its B our A: their scales swap likewise */
+  TT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sb, sizeof sb));
+  TT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa, sizeof sa));
+  const float alpha_f = 1.0f, beta_f = (float)beta;
+  TT_LT_CHECK(cublasLtMatmul(g->lt, p->op, &alpha_f, b, p->la, a, p->lb, &beta_f, c, p->lc, c, p->lc, &p->algo,
+                             g->workspace, TT_GEMM_WORKSPACE, s));
   return TT_OK;
 }

@@ -22,6 +22,7 @@ M.defaults = {
     name = "llama3",
     flavor = "debugmodel",
     tokenizer = "assets/tokenizers/fortunes_2048.json",
+    converters = "",        -- comma-separated model transforms: float8 (lua/parallel/float8.lua)
   },
   optimizer = {
     name = "AdamW",
@@ -103,6 +104,11 @@ M.defaults = {
     cp = 1,                                     -- context-parallel degree: each sequence split over cp ranks
     context_parallel_rotate_method = "allgather", -- how keys and values reach every cp rank (lua/parallel/cp.lua)
   },
+  float8 = {
+    recipe_name = "tensorwise",           -- dynamic scaling, one scale per tensor (the one recipe built)
+    filter_fqns = "output",               -- comma-separated: Linear layers whose names contain one stay in bf16
+    enable_fsdp_float8_all_gather = false, -- FSDP gathers the weights in fp8 (not built)
+  },
   debug = {
     deterministic = false,  -- same seed, same bits on a GPU (cuDNN attention: deterministic engines only)
   },
@@ -116,7 +122,7 @@ M.defaults = {
 
 -- The sections in the order a recipe reads (help and docs use it).
 M.sections = { "job", "model", "optimizer", "lr_scheduler", "training", "validation", "metrics", "checkpoint",
-  "activation_checkpoint", "parallelism", "debug", "profiling" }
+  "activation_checkpoint", "parallelism", "float8", "debug", "profiling" }
 
 -- One line per key for `titan RECIPE.lua --help` (docs/recipes.md has the
 -- long form). training_spec checks that every key has one, and a row there.
@@ -126,6 +132,10 @@ M.descriptions = {
   ["job.print_config"] = "print the resolved config and exit (also --print-config)",
   ["model.name"] = "a model family: a file in lua/models/",
   ["model.flavor"] = "debugmodel, 1B, 3B, 8B, 70B, 405B",
+  ["model.converters"] = "comma-separated transforms of the built model: float8 (its Linear layers multiply in fp8)",
+  ["float8.recipe_name"] = "tensorwise: each GEMM operand scaled by one factor from its largest magnitude (dynamic)",
+  ["float8.filter_fqns"] = "comma-separated: Linear layers whose names contain one of these stay unconverted",
+  ["float8.enable_fsdp_float8_all_gather"] = "FSDP all-gathers the weights in fp8 (not built: false only)",
   ["model.tokenizer"] = "tokenizer.json or tiktoken ranks file (relative: working dir, else source tree)",
   ["optimizer.name"] = "AdamW (the only one)",
   ["optimizer.lr"] = "peak learning rate",
@@ -449,6 +459,21 @@ function M.validate(cfg)
     local ok, err = pcall(require("parallel.ac").plan, cfg.activation_checkpoint)
     need(ok, tostring(err))
   end
+  local conv = {}
+  for c in (cfg.model.converters .. ","):gmatch("%s*([^,]-)%s*,") do
+    if c ~= "" then
+      need(c == "float8", ("model.converters: '%s'; expected float8 (comma-separated)"):format(c))
+      conv[c] = true
+    end
+  end
+  need(require("parallel.float8").recipes[cfg.float8.recipe_name], ("float8.recipe_name = '%s'; expected tensorwise "
+    .. "(the one built)"):format(tostring(cfg.float8.recipe_name)))
+  need(not cfg.float8.enable_fsdp_float8_all_gather, "float8.enable_fsdp_float8_all_gather = true: not built; "
+    .. "expected false (FSDP gathers the weights in the compute dtype and each layer casts them)")
+  need(not conv.float8 or cfg.parallelism.tp <= 1, "model.converters = float8 with parallelism.tp > 1: not built "
+    .. "(each rank would scale its own shard); expected tp = 1")
+  need(not conv.float8 or cfg.training.mixed_precision_param ~= "float64", "model.converters = float8 with "
+    .. "training.mixed_precision_param = float64; expected float32 or bfloat16")
   local par = cfg.parallelism
   need(require("parallel.cp").rotate_methods[par.context_parallel_rotate_method], ("parallelism."
     .. "context_parallel_rotate_method = '%s'; expected allgather or alltoall"):format(

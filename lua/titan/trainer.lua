@@ -370,6 +370,7 @@ function M.new(cfg, opts)
   if self.pp > 1 then
     self:build_pipeline(family, model, build_meta)
   else
+    self:convert(model)
     self.ac_blocks, self.n_blocks = require("parallel.ac").apply(model, cfg.activation_checkpoint)
     self.model = model
   end
@@ -603,6 +604,22 @@ function Trainer:plan_pipeline(family, model)
 end
 
 -- Pipeline parallelism: this rank's stages, each a copy of the model built
+-- model.converters (after TP, before AC, as TorchTitan): float8 turns the
+-- Linear layers into fp8 ones (lua/parallel/float8.lua); self.float8 counts
+-- them for the banner.
+function Trainer:convert(model)
+  local conv = self.cfg.model.converters
+  if not (("," .. conv .. ","):gsub("%s", ""):find(",float8,", 1, true)) then return end
+  local filter = {}
+  for f in (self.cfg.float8.filter_fqns .. ","):gmatch("%s*([^,]-)%s*,") do
+    if f ~= "" then filter[#filter + 1] = f end
+  end
+  local done, skipped = require("parallel.float8").apply(model, { filter_fqns = filter })
+  self.float8 = self.float8 or { done = 0, skipped = {} }
+  self.float8.done = self.float8.done + #done
+  for _, s in ipairs(skipped) do self.float8.skipped[#self.float8.skipped + 1] = s[1] .. " (" .. s[2] .. ")" end
+end
+
 -- on meta and pruned to its blocks (lua/parallel/pp.lua), with activation
 -- checkpointing applied to each; self.model is their union (one module with
 -- the whole model's parameter names), self.pipe runs the schedule.
@@ -611,9 +628,18 @@ function Trainer:build_pipeline(family, model, build_meta)
   local stages = pp.split(build_meta, family.pp_plan, layout, self.pp_rank)
   self.ac_blocks, self.n_blocks = 0, model.args.n_layers
   for _, st in ipairs(stages) do
+    self:convert(st.model)
     self.ac_blocks = self.ac_blocks + require("parallel.ac").apply(st.model, cfg.activation_checkpoint)
   end
   self.ac_blocks = self.pp_group:sum_numbers({ self.ac_blocks })[1] -- (the banner counts the whole model's)
+  if self.float8 then -- (likewise)
+    self.float8.done = self.pp_group:sum_numbers({ self.float8.done })[1]
+    local all = {}
+    for _, list in ipairs(self.pp_group:gather_object(self.float8.skipped)) do
+      for _, s in ipairs(list) do all[#all + 1] = s end
+    end
+    self.float8.skipped = all
+  end
   -- (under sequence parallelism a stage boundary carries this rank's chunk of the sequence)
   self.pipe = pp.pipeline(stages, self.pp_group, layout, { dim = model.args.dim,
     seq_shards = self.sequence_parallel and self.tp or 1 })
@@ -696,6 +722,12 @@ function Trainer:banner()
       or self.cfg.debug.deterministic and "off under debug.deterministic (the timing could change the bits)"
       or "the first overwriting GEMM of each shape times cuBLASLt's best candidates and keeps the fastest "
       .. "(a wait per new shape, in the first steps)"))
+  end
+  if self.float8 then
+    local f = self.float8
+    self.print(("float8: %d Linear layers multiply in fp8 (tensorwise dynamic scaling: e4m3 forward, e5m2 "
+      .. "gradients)%s%s"):format(f.done, #f.skipped > 0 and "; unconverted: " .. table.concat(f.skipped, ", ") or "",
+      t.device == "cpu" and "; on the CPU the fp8 values are widened to f32 (the numerics, not the speed)" or ""))
   end
   if self.ac_blocks > 0 then
     -- (tflops and MFU count the model's FLOPs, not the recomputation's: as TorchTitan's)

@@ -31,6 +31,7 @@
 
 extern "C" {
 #include "kernels.h" /* the CPU backend's GEMM does the arithmetic */
+#include "dtype_conv.h" /* fp8 operands widened as the CPU backend widens them */
 }
 
 namespace {
@@ -50,7 +51,10 @@ struct desc {
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void *bias = NULL;
   int bias_type = -1; /* -1: D's */
+  const float *a_scale = NULL, *b_scale = NULL; /* fp8 operands' device scales (NULL: 1) */
 };
+
+bool is_f8(cudaDataType_t t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
 
 struct pref {
   uint64_t workspace = 0;
@@ -72,6 +76,8 @@ int elem_size(cudaDataType_t t) {
     case CUDA_R_64F: return 8;
     case CUDA_R_16F:
     case CUDA_R_16BF: return 2;
+    case CUDA_R_8F_E4M3:
+    case CUDA_R_8F_E5M2: return 1;
     default: return 0;
   }
 }
@@ -81,6 +87,8 @@ double load(cudaDataType_t t, const void *p, size_t i) {
     case CUDA_R_32F: return ((const float *)p)[i];
     case CUDA_R_64F: return ((const double *)p)[i];
     case CUDA_R_16F: return (double)__half2float(((const __half *)p)[i]);
+    case CUDA_R_8F_E4M3: return (double)tt_f8_to_f32(((const uint8_t *)p)[i], 1);
+    case CUDA_R_8F_E5M2: return (double)tt_f8_to_f32(((const uint8_t *)p)[i], 0);
     default: return (double)__bfloat162float(((const __nv_bfloat16 *)p)[i]);
   }
 }
@@ -124,7 +132,17 @@ cublasStatus_t check_shapes(const desc *d, const layout *A, const layout *B, con
   for (const layout *l : ls)
     if (l->ld < (int64_t)l->rows || l->ld < 1 || elem_size(l->type) == 0) return CUBLAS_STATUS_INVALID_VALUE;
   if (A->batch != D->batch || B->batch != D->batch || C->batch != D->batch) return CUBLAS_STATUS_INVALID_VALUE;
-  if (A->type != B->type || C->type != D->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (C->type != D->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (is_f8(A->type) || is_f8(B->type)) {
+    /* fp8 (cuBLASLt's documented rules): both operands fp8, not both e5m2, the "TN" layout, f32 compute and
+     * scale, D of f32, bf16 or f16, leading dimensions of A and B multiples of 16, no bias epilogue here */
+    if (!is_f8(A->type) || !is_f8(B->type) || (A->type == CUDA_R_8F_E5M2 && B->type == CUDA_R_8F_E5M2) ||
+        d->ta != CUBLAS_OP_T || d->tb != CUBLAS_OP_N || d->compute != CUBLAS_COMPUTE_32F || d->scale != CUDA_R_32F ||
+        D->type == CUDA_R_64F || A->ld % 16 || B->ld % 16 || d->epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+  } else if (A->type != B->type) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
   if (d->ta != CUBLAS_OP_N && d->ta != CUBLAS_OP_T) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (d->tb != CUBLAS_OP_N && d->tb != CUBLAS_OP_T) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_BIAS)
@@ -201,6 +219,14 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t dd, cublasLtM
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
       if (size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
       d->bias_type = *(const int32_t *)buf;
+      break;
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER:
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER:
+      if (size != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
+      memcpy(attr == CUBLASLT_MATMUL_DESC_A_SCALE_POINTER ? &d->a_scale : &d->b_scale, buf, sizeof(void *));
+      break;
+    case CUBLASLT_MATMUL_DESC_FAST_ACCUM: /* the same sums here */
+      if (size != sizeof(int8_t)) return CUBLAS_STATUS_INVALID_VALUE;
       break;
     default: return CUBLAS_STATUS_NOT_SUPPORTED;
   }
@@ -289,6 +315,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
   cublasStatus_t s = check_shapes(as<desc>(op), as<layout>(a), as<layout>(b), as<layout>(c), as<layout>(d));
   if (s != CUBLAS_STATUS_SUCCESS) return s;
   const pref *p = as<pref>(pp);
+  if (is_f8(as<layout>(a)->type) && (p->align[0] % 16 || p->align[1] % 16 || p->align[2] % 16 || p->align[3] % 16))
+    return CUBLAS_STATUS_NOT_SUPPORTED; /* fp8 kernels take 16-byte aligned operands only */
   /* Up to EMU_CANDIDATES candidates, as cuBLASLt ranks several: an
    * autotuner has something to time (they compute alike; cuemu times
    * nothing, so the first stays the fastest). */
@@ -384,7 +412,12 @@ static void emu_matmul(const char *name, const desc &d, const layout &la, const 
   if (bias && (!d.bias || tt_emu_classify(d.bias, m * elem_size(bias_type), &dev) != 0))
     tt_emu_die("%s: the bias epilogue without a device bias vector of %llu elements", name, (unsigned long long)m);
   const void *bias_ptr = d.bias;
+  if (is_f8(la.type) && (!d.a_scale || !d.b_scale || tt_emu_classify(d.a_scale, 4, &dev) != 0 ||
+                         tt_emu_classify(d.b_scale, 4, &dev) != 0))
+    tt_emu_die("%s: fp8 operands without both scale pointers in device memory", name);
   tt_emu_enqueue(stream, name, [=]() {
+    /* (an fp8 GEMM's scales are read when it runs, as the GPU reads them: after the kernels before it) */
+    const double scale = d.a_scale && d.b_scale ? (double)*d.a_scale * (double)*d.b_scale : 1.0;
     /* Dense copies, column-major: a is m x k, b is k x n; the product in
      * f64 for f64 and in f32 otherwise (cuBLASLt's accumulators), by the
      * CPU backend's row-major GEMM: column-major D = a b is row-major
@@ -418,7 +451,7 @@ static void emu_matmul(const char *name, const desc &d, const layout &la, const 
       if (st != TT_OK) tt_emu_die("%s: the CPU GEMM failed (status %d)", name, (int)st);
       for (uint64_t j = 0; j < n; j++)
         for (uint64_t i = 0; i < m; i++) {
-          double v = al * get(acc, i + j * m);
+          double v = al * scale * get(acc, i + j * m);
           if (be != 0.0) v += be * load(lc.type, pc, i + j * lc.ld);
           if (bias) v += load(bias_type, bias_ptr, i);
           store(ld.type, pd, i + j * ld.ld, v);

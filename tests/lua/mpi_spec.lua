@@ -444,6 +444,24 @@ describe("context parallelism over MPI", function()
   end)
 end)
 
+describe("float8 over MPI", function()
+  it("FSDP 2 trains float8 linears to one process's float8 curve, within the ranks' own activation scales",
+    function()
+      if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
+      -- (tensorwise scaling takes each rank's activations' own largest value, as TorchTitan's: not bit for bit)
+      local f8 = { "--training.steps=3", "--model.converters=float8" }
+      local one, two = tmpdir(), tmpdir()
+      run_ok(train_cmd(1, one, with(f8, { "--training.local_batch_size=4" })))
+      local out = run_ok(train_cmd(2, two, with(f8, { "--training.local_batch_size=2" })))
+      assert.truthy(out:find("FSDP over 2 shards", 1, true), out)
+      assert.truthy(out:find("float8: 42 Linear layers multiply in fp8", 1, true), out)
+      local a, b = losses(one), losses(two)
+      for s = 1, 3 do
+        assert.is_true(math.abs(a[s] - b[s]) <= 2e-3, ("step %d: %.6f vs %.6f"):format(s, a[s], b[s]))
+      end
+    end)
+end)
+
 describe("context parallelism checkpoints", function()
   it("a cp 2 checkpoint resumes exactly on cp 2, and in one process (the same data position)", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
@@ -467,11 +485,7 @@ describe("context parallelism checkpoints", function()
 end)
 
 describe("launcher and layout errors", function()
-  local function one_line(cmd, pattern)
-    local out, rc = sh.run(cmd)
-    assert.are_not.equal(0, rc, out)
-    assert.truthy(out:find(pattern, 1, true), ("'%s' lacks '%s'"):format(out, pattern))
-  end
+  local one_line = sh.one_line
 
   it("--nproc takes a count and something to run", function()
     one_line(exe .. " --nproc 0 x.lua", "--nproc '0': expected a number of processes from 1 to 4096")

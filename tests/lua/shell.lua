@@ -21,6 +21,14 @@ end
 -- s as one single-quoted shell word.
 function M.quote(s) return "'" .. (tostring(s):gsub("'", "'\\''")) .. "'" end
 
+-- Runs cmd, which must fail (non-zero exit) saying `text` (plain text).
+function M.one_line(cmd, text)
+  local out, rc = M.run(cmd)
+  assert(rc ~= 0, ("exit 0 from %s:\n%s"):format(cmd, out))
+  assert(out:find(text, 1, true), ("'%s' lacks '%s'"):format(out, text))
+  return out
+end
+
 -- Runs cmd; its output, or an error with the exit status and the output.
 function M.run_ok(cmd)
   local out, rc = M.run(cmd)

@@ -1,0 +1,153 @@
+-- float8.lua — float8 linear layers (TorchTitan's `model.converters =
+-- "float8"`, torchao's Float8Linear with the "tensorwise" recipe): each
+-- converted Linear multiplies in fp8 on the tensor cores, at twice bf16's
+-- rate on an H100/H200, with its master weights, optimizer and every other
+-- op unchanged.
+--
+-- Dynamic tensorwise scaling: before each GEMM, each operand is scaled by
+-- one factor so that its largest magnitude lands on the fp8 format's
+-- largest value, and cast (tt_op_to_float8; the scale stays on the device):
+--
+--   forward   y  = x W^T       x, W in e4m3 (3 mantissa bits, range 448)
+--   backward  dx = dy W        dy in e5m2 (2 mantissa bits, range 57344:
+--             dW = dy^T x      gradients span more orders of magnitude)
+--
+-- tt_op_matmul_float8 multiplies the fp8 operands with their two inverse
+-- scales (cuBLASLt's scale pointers; the forward with its fast accumulation,
+-- the gradients without, as torchao). The fp8 copies of x and W made for
+-- the forward are what the backward keeps (half of bf16's bytes), and it
+-- lays them out again along the other dimension (cuBLASLt's fp8 GEMMs take
+-- both operands contiguous along the summed dimension).
+--
+-- Which layers: every nn.Linear whose name contains none of filter_fqns
+-- (default "output": the last layer's logits stay in bf16, as TorchTitan)
+-- and whose in and out features are multiples of 16 (cuBLASLt's fp8 rule;
+-- torchao skips the others too).
+--
+-- On the CPU the GEMM widens the fp8 values to f32 (ops_float8.c): the
+-- numerics of a GPU run, for tests and for reading, slower than f32.
+--
+--   local float8 = require("parallel.float8")
+--   local converted = float8.apply(model, { filter_fqns = { "output" } })
+local autograd = require("titan.autograd")
+local tensor = require("titan.tensor")
+local tffi = require("titan.ffi")
+
+local C = tffi.C
+local ffi = tffi.ffi
+
+local M = {}
+
+local o1, o2 = ffi.new("tt_tensor*[1]"), ffi.new("tt_tensor*[1]")
+local function check(st) tffi.check(st, 3) end
+
+M.recipes = { tensorwise = true }
+
+-- x (contiguous f32/bf16/f16) -> x in fp8 ("float8_e4m3fn" or
+-- "float8_e5m2") scaled to the format's range, and the 0-d f32 inverse scale.
+function M.to_float8(x, dtype)
+  o1[0], o2[0] = nil, nil
+  check(C.tt_op_to_float8(x._c, tensor.dtype_of(dtype), o1, o2))
+  return tensor.wrap(o1[0]), tensor.wrap(o2[0])
+end
+
+-- a [M, K], b [N, K] fp8 with their inverse scales -> a b^T [M, N] of
+-- out_dtype; opts.out: added into (accumulate); opts.into: written into;
+-- opts.fast_accum.
+function M.matmul(a, b, sa, sb, out_dtype, opts)
+  opts = opts or {}
+  local given = opts.out or opts.into
+  o1[0] = given and given._c or nil
+  check(C.tt_op_matmul_float8(a._c, b._c, sa._c, sb._c, tensor.dtype_of(out_dtype), opts.out and 1 or 0,
+    opts.fast_accum and 1 or 0, o1))
+  return given or tensor.wrap(o1[0])
+end
+
+-- A packed transpose of a 2-D tensor (fp8 included).
+local function transposed(t) return t:t():contiguous() end
+
+local Linear8 = autograd.Function {
+  name = "float8_linear",
+  forward = function(ctx, x, w)
+    local shape = x:shape()
+    local K, N = shape[#shape], w:size(1)
+    local x2 = x:reshape(-1, K)
+    local xc = x2:contiguous()
+    local x8, sx = M.to_float8(xc, "float8_e4m3fn")
+    if xc ~= x2 then xc:free() end
+    if x2 ~= x then x2:free() end
+    local w8, sw = M.to_float8(w:contiguous(), "float8_e4m3fn")
+    local y = M.matmul(x8, w8, sx, sw, x:dtype(), { fast_accum = true })
+    -- (autograd is off inside a Function's forward: ask the tensors themselves)
+    ctx.need_x, ctx.need_w = x.requires_grad == true, w.requires_grad == true
+    ctx.x_dtype, ctx.w_dtype, ctx.shape = x:dtype(), w:dtype(), shape
+    ctx:save_for_backward(x8, sx, w8, sw)
+    local out_shape = { unpack(shape) }
+    out_shape[#out_shape] = N
+    if #shape == 2 then return y end
+    local yv = y:view(out_shape)
+    y:free()
+    return yv
+  end,
+  backward = function(ctx, g)
+    local x8, sx, w8, sw = unpack(ctx.saved_tensors)
+    local N = w8:size(1)
+    local g2 = g:reshape(-1, N)
+    local gc = g2:contiguous()
+    local g8, sg = M.to_float8(gc, "float8_e5m2")
+    if gc ~= g2 then gc:free() end
+    if g2 ~= g then g2:free() end
+    local dx, dw
+    if ctx.need_x then -- dx [M, K] = dy [M, N] . W [N, K]: W laid out along N
+      local w8t = transposed(w8)
+      local dx2 = M.matmul(g8, w8t, sg, sw, ctx.x_dtype)
+      w8t:free()
+      dx = #ctx.shape == 2 and dx2 or dx2:view(ctx.shape)
+      if dx ~= dx2 then dx2:free() end
+    end
+    if ctx.need_w then -- dW [N, K] = dy^T [N, M] . x [M, K]: both laid out along M
+      local g8t, x8t = transposed(g8), transposed(x8)
+      dw = M.matmul(g8t, x8t, sg, sx, ctx.w_dtype)
+      g8t:free(); x8t:free()
+    end
+    g8:free(); sg:free()
+    return dx, dw
+  end,
+}
+
+-- y = x W^T through fp8 (no bias: Llama's linears have none).
+function M.linear(x, w) return Linear8(x, w) end
+
+local function forward8(self, x) return Linear8(x, self.weight) end
+
+-- Converts `model`'s Linear modules in place (their forward goes through
+-- fp8); returns the converted modules' names and the skipped ones' with why.
+-- opts.filter_fqns: names containing any of these strings stay (default { "output" }).
+function M.apply(model, opts)
+  opts = opts or {}
+  local filter = opts.filter_fqns or { "output" }
+  local done, skipped = {}, {}
+  for _, nm in ipairs(model:named_modules()) do
+    local name, mod = nm[1], nm[2]
+    if getmetatable(mod).__name == "Linear" then
+      local why
+      for _, f in ipairs(filter) do
+        if f ~= "" and name:find(f, 1, true) then why = "filter_fqns '" .. f .. "'" end
+      end
+      if not why and (mod.in_features % 16 ~= 0 or mod.out_features % 16 ~= 0) then
+        why = ("%d x %d: fp8 GEMMs take multiples of 16"):format(mod.out_features, mod.in_features)
+      end
+      if not why and mod.bias then why = "a bias (not built)" end
+      if why then
+        skipped[#skipped + 1] = { name, why }
+      else
+        rawset(mod, "forward", forward8)
+        rawset(mod, "float8", true)
+        done[#done + 1] = name
+      end
+    end
+  end
+  return done, skipped
+end
+
+return M
