@@ -3,7 +3,12 @@
 --
 --   tok_embeddings -> layers.N { attention_norm -> attention (GQA + RoPE) -> +x ;
 --                                ffn_norm -> feed_forward (SwiGLU) -> +h } -> norm -> output
+--
+-- A flavor with `moe` settings (lua/models/moe.lua) puts a mixture of
+-- experts, `layers.N.moe`, in place of the feed-forward of every
+-- `moe_every`-th block (TorchTitan's Llama 4 interleave_moe_layer_step).
 local titan = require("titan")
+local moe = require("models.moe")
 local nn, F = titan.nn, titan.F
 
 local M = {}
@@ -22,6 +27,10 @@ M.flavors = {
     vocab_size = 128256 },
   ["405B"] = { dim = 16384, n_layers = 126, n_heads = 128, n_kv_heads = 8, multiple_of = 4096,
     ffn_dim_multiplier = 1.2, vocab_size = 128256 },
+  -- the debug model with 8 experts (top 1, sigmoid scores, a shared expert) in every block's
+  -- feed-forward, as TorchTitan's Llama 4 debug model
+  debugmodel_moe = { dim = 256, n_layers = 6, n_heads = 16, n_kv_heads = 16, multiple_of = 256, vocab_size = 2048,
+    max_seq_len = 2048, moe = { num_experts = 8, top_k = 1, score_func = "sigmoid", num_shared_experts = 1 } },
 }
 
 local defaults = {
@@ -51,8 +60,12 @@ function M.args(flavor, overrides)
   local hidden = math.floor(8 * a.dim / 3)
   if a.ffn_dim_multiplier then hidden = math.floor(a.ffn_dim_multiplier * hidden) end
   a.ffn_hidden = a.multiple_of * math.ceil(hidden / a.multiple_of)
+  if a.moe then a.moe, a.moe_every = moe.args(a.moe), a.moe_every or 1 end
   return a
 end
+
+-- Whether block i (0-based) holds a mixture of experts.
+function M.is_moe(a, i) return a.moe ~= nil and (i + 1) % a.moe_every == 0 end
 
 -- ---- modules -----------------------------------------------------------------
 
@@ -88,11 +101,12 @@ end
 function FeedForward:forward(x) return self.w2(F.swiglu(self.w1(x), self.w3(x))) end
 
 local Block = nn.Module:extend("TransformerBlock")
-function Block:init(a, opts)
+function Block:init(a, opts, i)
   self.attention_norm = nn.RMSNorm(a.dim, { eps = a.norm_eps, dtype = opts.dtype, device = opts.device })
   self.attention = Attention(a, opts)
   self.ffn_norm = nn.RMSNorm(a.dim, { eps = a.norm_eps, dtype = opts.dtype, device = opts.device })
-  self.feed_forward = FeedForward(a, opts)
+  if M.is_moe(a, i) then self.moe = moe.MoE(a.dim, a.ffn_hidden, a.moe, opts)
+  else self.feed_forward = FeedForward(a, opts) end
 end
 function Block:forward(x, rope)
   local h, f = self:forward_parts(x, nil, rope)
@@ -107,7 +121,7 @@ function Block:forward_parts(x, prev, rope)
   local xn
   if prev then x, xn = self.attention_norm:add_forward(x, prev) else xn = self.attention_norm(x) end
   local h, hn = self.ffn_norm:add_forward(x, self.attention(xn, rope))
-  return h, self.feed_forward(hn)
+  return h, (self.moe or self.feed_forward)(hn)
 end
 
 local Transformer = nn.Module:extend("Llama3")
@@ -119,7 +133,7 @@ function Transformer:init(a, opts)
   self.args = a
   self.tok_embeddings = nn.Embedding(a.vocab_size, a.dim, opts)
   self.layers = nn.Module:extend("ModuleList")()
-  for i = 0, a.n_layers - 1 do self.layers:child(tostring(i), Block(a, opts)) end
+  for i = 0, a.n_layers - 1 do self.layers:child(tostring(i), Block(a, opts, i)) end
   self.norm = nn.RMSNorm(a.dim, { eps = a.norm_eps, dtype = opts.dtype, device = opts.device })
   if not a.tie_embeddings then self.output = nn.Linear(a.dim, a.vocab_size, opts) end
 end
@@ -208,6 +222,10 @@ M.tp_plan = {
   embedding = "tok_embeddings",
   -- each rank takes whole heads (and whole groups of query heads per kv head)
   check = function(a, tp)
+    if a.moe then
+      return "the flavor's mixture-of-experts layers have no tensor-parallel plan (expert parallelism is not built); "
+        .. "expected parallelism.tp = 1"
+    end
     if a.n_kv_heads % tp ~= 0 then
       return ("n_kv_heads = %d is not a multiple of parallelism.tp = %d (each rank takes whole heads)")
         :format(a.n_kv_heads, tp)
@@ -252,6 +270,11 @@ function M.init_rules(a)
     { "^layers%.%d+%.feed_forward%.w1%.weight$", function() return { "trunc_normal", std = 0.02 } end },
     { "^layers%.(%d+)%.feed_forward%.w[23]%.weight$",
       function(l) return { "trunc_normal", std = depth_std(tonumber(l)) } end },
+    -- mixture of experts: the router and each expert's w1 as the dense w1, their w2 and w3 by depth
+    { "^layers%.%d+%.moe%.router%.weight$", function() return { "trunc_normal", std = 0.02 } end },
+    { "^layers%.%d+%.moe%.[%w_.]*w1%.weight$", function() return { "trunc_normal", std = 0.02 } end },
+    { "^layers%.(%d+)%.moe%.[%w_.]*w[23]%.weight$",
+      function(l) return { "trunc_normal", std = depth_std(tonumber(l)) } end },
     { "norm%.weight$", function() return { "ones" } end },
     { "^output%.weight$", output_init },
   }
@@ -282,6 +305,12 @@ function M.init_weights(model, seed, only)
     end)
     ::continue::
   end
+  -- (MoE's expert_bias buffers start at 0; a model built on meta and materialized holds garbage)
+  titan.no_grad(function()
+    for _, nb in ipairs(model:named_buffers()) do
+      if nb[1]:match("expert_bias$") and not nb[2]:is_meta() then nb[2]:fill_(0) end
+    end
+  end)
   return model
 end
 
@@ -308,6 +337,11 @@ function M.flops_per_token(model, seq_len)
   -- The embedding lookup costs nothing, but tied, the same weight is also
   -- the output matmul, which does.
   local matmul_params = a.tie_embeddings and n or n - n_emb
+  -- (a mixture of experts counts the experts a token runs: top_k of num_experts, as TorchTitan's)
+  for _, l in ipairs(moe.layers(model)) do
+    local routed = l[2].experts:num_parameters()
+    matmul_params = matmul_params - routed * (1 - l[2].m.top_k / l[2].m.num_experts)
+  end
   local flops = 6 * matmul_params + 12 * a.n_layers * a.n_heads * a.head_dim * seq_len
   return flops, n, n_emb
 end

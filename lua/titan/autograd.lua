@@ -148,6 +148,11 @@ end
 local depth = 0       -- backward passes running now (a checkpointed block's recomputation nests one)
 local callbacks = {}  -- to run when the outermost one ends
 
+-- True while a backward pass runs (a checkpointed block's recomputation
+-- runs its forward inside one): what a forward counts once per step (MoE's
+-- tokens per expert) skips the recomputation.
+function M.in_backward() return depth > 0 end
+
 -- fn() runs once, when the outermost backward pass running now (or the
 -- next one) has finished every node (as torch's queue_callback): FSDP's
 -- final reduce-scatter of what no hook of a block caught. A pass that

@@ -494,6 +494,11 @@ function M.new(cfg, opts)
   self.schedule = lr_scheduler.new(cfg.lr_scheduler, t.steps)
   self.loss_fn = cfg.loss_fn or M.loss_fn
   self.train_step = cfg.train_step or M.train_step
+  self.moe_layers = require("models.moe").layers(self.model)
+  if t.cuda_graphs and #self.moe_layers > 0 then
+    error("training.cuda_graphs: not with a mixture-of-experts flavor (its dispatch reads the routing on the host, "
+      .. "which a captured graph cannot); expected false", 0)
+  end
   if t.cuda_graphs then require("titan.graph_step").enable(self, cfg) end
 
   -- Profiling (docs/profiling.md): regions of every profile_freq-th step,
@@ -755,6 +760,8 @@ function Trainer:validate()
     total = total + loss:item()
     ntok = ntok + n
   end
+  -- (in eval mode: what a training forward counts, MoE's tokens per expert, it does not)
+  self.model:eval()
   titan.no_grad(function()
     for _ = 1, self.cfg.validation.steps do
       local b = v:next()
@@ -782,6 +789,7 @@ function Trainer:validate()
       b.targets:free()
     end
   end)
+  self.model:train()
   if v.reset then v:reset() end
   if self.pp_group then total, ntok = unpack(self.pp_group:sum_numbers({ total, ntok })) end
   -- (each data-parallel rank validated its own share: the loss is over all of them)
@@ -941,6 +949,11 @@ end
 -- with a replay of the same three, which returns a function reading the
 -- norm back.)
 function Trainer:update(params)
+  -- MoE's aux-loss-free balance (lua/models/moe.lua): each layer's expert
+  -- bias moves by the step's token counts, summed over the data-parallel
+  -- (and context-parallel) ranks, before the optimizer's step.
+  if self.moe_layers == nil then self.moe_layers = require("models.moe").layers(self.model) end
+  for _, l in ipairs(self.moe_layers) do l[2]:update_bias(self.dp) end
   -- device_update: nil = on for GPU devices; true forces it (specs run it
   -- on the CPU, whose backend has the same ops); false = the host path.
   -- Where ranks hold shares of the gradients (FSDP, TP, PP) the squares are

@@ -462,6 +462,19 @@ describe("float8 over MPI", function()
     end)
 end)
 
+describe("mixture of experts over MPI", function()
+  it("FSDP 2 trains debugmodel_moe to one process's losses (the experts' counts summed over the ranks)",
+    function()
+      if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
+      local m = { "--training.steps=3", "--model.flavor=debugmodel_moe" }
+      local one, two = tmpdir(), tmpdir()
+      run_ok(train_cmd(1, one, with(m, { "--training.local_batch_size=4" })))
+      run_ok(train_cmd(2, two, with(m, { "--training.local_batch_size=2" })))
+      local a, b = losses(one), losses(two)
+      for s = 1, 3 do close(a[s], b[s], s, "moe FSDP 2") end
+    end)
+end)
+
 describe("context parallelism checkpoints", function()
   it("a cp 2 checkpoint resumes exactly on cp 2, and in one process (the same data position)", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end

@@ -29,6 +29,8 @@ local function fail(fmt, ...) error(("hf: " .. fmt):format(...), 0) end
 
 -- Ordered { titan, hf, shape, heads (q/k: rows are permuted per head) }.
 function M.name_map(a)
+  if a.moe then fail("the flavor has mixture-of-experts layers, which have no Hugging Face Llama names; expected a "
+    .. "dense flavor") end
   local hd = a.head_dim or a.dim / a.n_heads
   local D, F, V = a.dim, a.ffn_hidden, a.vocab_size
   local q, kv = a.n_heads * hd, a.n_kv_heads * hd
