@@ -550,8 +550,13 @@ local function fast_init(model)
         src:free()
       end
     end
+    for _, nb in ipairs(model:named_buffers()) do nb[2]:fill_(0) end -- (MoE's expert biases)
   end)
 end
+
+-- A transform applied to each train_bench model after its initialization (nil: none), e.g. the float8
+-- conversion (docs/float8.md).
+local train_convert
 
 -- graphs: after the first step, replay the forward + backward and the
 -- update (clip, AdamW, zero_grad) from two CUDA graphs (titan.cuda_graph;
@@ -588,6 +593,7 @@ local function train_bench(label, flavor, B, T, dtypes, steps, warmup, need, gra
         model = llama3.build(flavor, { device = "meta", dtype = dt })
         model:to_empty(DEV)
         if args.real_init then llama3.init_weights(model, 0) else fast_init(model) end
+        if train_convert then train_convert(model) end
         sync()
         local build_s = common.now() - t0
         local V = model.args.vocab_size
@@ -801,6 +807,13 @@ if S then
   train_bench("tiny", { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 256, multiple_of = 32,
     max_seq_len = 64 }, 2, 32, { BF }, 2, 1, 0, true)
   cuda_graph.emulate = false
+  -- float8 linears and a mixture of experts (their paths in this script)
+  train_convert = function(m) require("parallel.float8").apply(m) end
+  train_bench("tiny float8", { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 256, multiple_of = 32,
+    max_seq_len = 64 }, 2, 32, { BF }, 2, 1, 0)
+  train_convert = nil
+  train_bench("tiny moe", { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 256, multiple_of = 32,
+    max_seq_len = 64, moe = { num_experts = 4, top_k = 2 } }, 2, 32, { BF }, 2, 1, 0)
 else
   train_bench("llama3 1B", "1B", 1, 8192, { "bfloat16", "float32" }, 5, 2, 45, false, true)
   train_bench("llama3 debugmodel", "debugmodel", 16, 2048, { "bfloat16", "float32" }, 10, 3, 15)
@@ -819,6 +832,12 @@ else
   with_env("TITAN_CUDA_GEMM_API", "cublas", function()
     train_bench("llama3 1B", "1B", 1, 8192, { "bfloat16" }, 5, 2, 45)
   end)
+  -- float8 linears (docs/float8.md): the 1B step with its Linear layers' GEMMs in fp8, next to the bf16 rows
+  train_convert = function(m) require("parallel.float8").apply(m) end
+  train_bench("llama3 1B float8", "1B", 1, 8192, { "bfloat16" }, 5, 2, 45)
+  train_convert = nil
+  -- a mixture of experts (docs/moe.md: its dispatch waits for the routing; one GEMM per expert)
+  train_bench("llama3 debugmodel_moe", "debugmodel_moe", 16, 2048, { "bfloat16" }, 10, 3, 15)
   -- After the headline figures: the optimizer step's launches.
   adamw_model_bench("debugmodel")
   adamw_model_bench("1B")
