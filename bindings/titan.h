@@ -392,8 +392,13 @@ tt_status tt_op_attention_merge(tt_tensor *acc, tt_tensor *acc_lse, const tt_ten
  * (TT_F8E4M3 or TT_F8E5M2), saturated to the format's largest finite value
  * (448 or 57344), with s = fmax / max(max |x|, 1e-12) in f32; scale_inv: a
  * 0-d f32 tensor on x's device, 1 / s, which multiplies the fp8 values back.
- * x: contiguous f32, bf16 or f16. Computed on the device (no host wait). */
-tt_status tt_op_to_float8(const tt_tensor *x, int dtype, tt_tensor **out, tt_tensor **scale_inv);
+ * x: contiguous f32, bf16 or f16. Computed on the device (no host wait).
+ * amax: NULL, or a 0-d f32 tensor on x's device that replaces max |x| (the
+ * max over every rank's shard of a tensor: tensor parallelism). */
+tt_status tt_op_to_float8(const tt_tensor *x, int dtype, const tt_tensor *amax, tt_tensor **out,
+                          tt_tensor **scale_inv);
+/* out: a 0-d f32 tensor on x's device, max |x| (NaN when x holds one). */
+tt_status tt_op_float8_amax(const tt_tensor *x, tt_tensor **out);
 /* out [M, N] = a_scale_inv * b_scale_inv * (a @ b^T) (+ out when accumulate):
  * a [M, K] and b [N, K] contiguous fp8 (not both e5m2), the scales
  * to_float8's; out of out_dtype (f32, bf16, f16). On CUDA cuBLASLt's fp8

@@ -15,17 +15,46 @@
 
 static int tt_is_f8(int dtype) { return dtype == TT_F8E4M3 || dtype == TT_F8E5M2; }
 
-tt_status tt_op_to_float8(const tt_tensor *x, int dtype, tt_tensor **out, tt_tensor **scale_inv) {
-  const char *op = "to_float8";
+static tt_status tt_chk_f8_source(const char *op, const tt_tensor *x) {
   char s1[96];
   TT_TRY(tt_tensor_check_storage(op, "x", x));
   if (x->dtype != TT_F32 && x->dtype != TT_BF16 && x->dtype != TT_F16)
     return tt_error_set(TT_ERR_DTYPE, "%s: x %s has dtype %s; expected float32, bfloat16 or float16", op, SHP(x, s1),
                         tt_dtype_name(x->dtype));
+  return tt_chk_contig(op, "x", x);
+}
+
+tt_status tt_op_float8_amax(const tt_tensor *x, tt_tensor **out) {
+  const char *op = "float8_amax";
+  TT_TRY(tt_chk_f8_source(op, x));
+  int fresh = 0;
+  TT_TRY(tt_out_prepare(op, "out", out, 0, NULL, TT_F32, x->device, &fresh));
+  if (x->device.type == TT_META) return TT_OK;
+  const tt_kernels *be = tt_backend(x->device);
+  tt_status st = !be || !be->float8_amax
+                     ? tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented on this device", op)
+                     : tt_kernel_check(be->float8_amax(x->dtype, tt_tensor_numel(x), tt_tensor_data(x),
+                                                       (float *)tt_tensor_data(*out)),
+                                       op, be, x->dtype);
+  if (st != TT_OK) tt_out_discard(out, fresh);
+  return st;
+}
+
+tt_status tt_op_to_float8(const tt_tensor *x, int dtype, const tt_tensor *amax, tt_tensor **out,
+                          tt_tensor **scale_inv) {
+  const char *op = "to_float8";
+  char s1[96];
+  TT_TRY(tt_chk_f8_source(op, x));
   if (!tt_is_f8(dtype))
     return tt_error_set(TT_ERR_DTYPE, "%s: target dtype %s; expected float8_e4m3fn or float8_e5m2", op,
                         tt_dtype_name(dtype));
-  TT_TRY(tt_chk_contig(op, "x", x));
+  if (amax) {
+    TT_TRY(tt_tensor_check_storage(op, "amax", amax));
+    TT_TRY(tt_chk_same_device(op, "x", x, "amax", amax));
+    if (amax->dtype != TT_F32 || tt_tensor_numel(amax) != 1)
+      return tt_error_set(TT_ERR_SHAPE, "%s: amax %s of %s; expected one float32 (float8_amax's)", op, SHP(amax, s1),
+                          tt_dtype_name(amax->dtype));
+  }
   int f1 = 0, f2 = 0;
   TT_TRY(tt_out_prepare(op, "out", out, x->ndim, x->shape, dtype, x->device, &f1));
   tt_status st = tt_out_prepare(op, "scale_inv", scale_inv, 0, NULL, TT_F32, x->device, &f2);
@@ -34,7 +63,8 @@ tt_status tt_op_to_float8(const tt_tensor *x, int dtype, tt_tensor **out, tt_ten
     if (!be || !be->to_float8) st = tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented on this device", op);
     else
       st = tt_kernel_check(be->to_float8(x->dtype, tt_tensor_numel(x), tt_tensor_data(x), dtype, tt_tensor_data(*out),
-                                         (float *)tt_tensor_data(*scale_inv)),
+                                         (float *)tt_tensor_data(*scale_inv),
+                                         amax ? (const float *)tt_tensor_data(amax) : NULL),
                            op, be, x->dtype);
   }
   if (st != TT_OK) {

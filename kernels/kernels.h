@@ -182,13 +182,17 @@ typedef struct tt_kernels {
 
   /* -- float8 (tt_op_to_float8, tt_op_matmul_float8). to_float8: x of
    *    f32/bf16/f16 -> y fp8 (fp8_dtype) = clamp(x * s) with s = fmax /
-   *    max(max |x|, 1e-12) in f32; *scale_inv (device memory, also the
-   *    kernels' scratch) = 1 / s. gemm_float8: C[m, n] = *sa * *sb *
+   *    max(amax, 1e-12) in f32, amax = *amax_in when given (a max over
+   *    several ranks' shards: tensor parallelism) else max |x|; *scale_inv
+   *    (device memory, also the kernels' scratch) = 1 / s. float8_amax:
+   *    *out = max |x| (device f32; a NaN wins). gemm_float8: C[m, n] = *sa * *sb *
    *    A[m, k] @ B[n, k]^T + beta * C, A and B row-major fp8 (not both
    *    e5m2), sa and sb device f32, C of c_dtype (f32, bf16, f16); fast_accum
    *    lets the tensor cores skip periodic f32 promotion. NULL: the engine
    *    widens the operands to f32 and runs gemm (the CPU). -- */
-  tt_status (*to_float8)(int dtype, int64_t n, const void *x, int fp8_dtype, void *y, float *scale_inv);
+  tt_status (*to_float8)(int dtype, int64_t n, const void *x, int fp8_dtype, void *y, float *scale_inv,
+                         const float *amax_in);
+  tt_status (*float8_amax)(int dtype, int64_t n, const void *x, float *out);
   tt_status (*gemm_float8)(int a_dtype, int b_dtype, int c_dtype, int64_t m, int64_t n, int64_t k, const void *a,
                            const void *b, const float *sa, const float *sb, double beta, void *c, int fast_accum);
 

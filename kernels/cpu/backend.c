@@ -64,6 +64,7 @@ static const tt_kernels tt_cpu_table = {
     .attention_backward = tt_cpu_attention_backward,
     .attention_merge = tt_cpu_attention_merge,
     .to_float8 = tt_cpu_to_float8,
+    .float8_amax = tt_cpu_float8_amax,
     .swiglu = tt_cpu_swiglu,
     .swiglu_backward = tt_cpu_swiglu_backward,
     .cross_entropy = tt_cpu_cross_entropy,

@@ -74,7 +74,9 @@ tt_status tt_cpu_attention_backward(int dtype, int64_t B, int64_t T, int64_t S, 
 tt_status tt_cpu_attention_merge(int dtype, int64_t B, int64_t T, int64_t H, int64_t D, int64_t t0, int64_t Tb,
                                  void *acc, void *acc_lse, const void *out, const void *lse);
 /* float8.c */
-tt_status tt_cpu_to_float8(int dtype, int64_t n, const void *x, int fp8_dtype, void *y, float *scale_inv);
+tt_status tt_cpu_to_float8(int dtype, int64_t n, const void *x, int fp8_dtype, void *y, float *scale_inv,
+                           const float *amax_in);
+tt_status tt_cpu_float8_amax(int dtype, int64_t n, const void *x, float *out);
 /* act.c */
 tt_status tt_cpu_swiglu(int dtype, int64_t n, const void *a, const void *b, void *y);
 tt_status tt_cpu_swiglu_backward(int dtype, int64_t n, const void *a, const void *b, const void *dy, void *da,

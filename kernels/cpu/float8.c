@@ -27,11 +27,8 @@ static inline float ld(int dt, const void *x, int64_t i) {
   }
 }
 
-tt_status tt_cpu_to_float8(int dtype, int64_t n, const void *x, int fp8_dtype, void *y, float *scale_inv) {
-  if (dtype != TT_F32 && dtype != TT_BF16 && dtype != TT_F16) return TT_ERR_DTYPE;
-  if (fp8_dtype != TT_F8E4M3 && fp8_dtype != TT_F8E5M2) return TT_ERR_DTYPE;
-  const int e4m3 = fp8_dtype == TT_F8E4M3;
-  const float fmax = e4m3 ? 448.0f : 57344.0f;
+/* max |x|, NaN when x holds one */
+static float amax_of(int dtype, int64_t n, const void *x) {
   float amax = 0.0f;
   int nan = 0;
 #pragma omp parallel for reduction(max : amax) reduction(| : nan) schedule(static)
@@ -40,7 +37,23 @@ tt_status tt_cpu_to_float8(int dtype, int64_t n, const void *x, int fp8_dtype, v
     if (a > amax) amax = a;
     nan |= a != a;
   }
-  if (nan) amax = NAN;
+  return nan ? NAN : amax;
+}
+
+tt_status tt_cpu_float8_amax(int dtype, int64_t n, const void *x, float *out) {
+  if (dtype != TT_F32 && dtype != TT_BF16 && dtype != TT_F16) return TT_ERR_DTYPE;
+  *out = amax_of(dtype, n, x);
+  return TT_OK;
+}
+
+tt_status tt_cpu_to_float8(int dtype, int64_t n, const void *x, int fp8_dtype, void *y, float *scale_inv,
+                           const float *amax_in) {
+  if (dtype != TT_F32 && dtype != TT_BF16 && dtype != TT_F16) return TT_ERR_DTYPE;
+  if (fp8_dtype != TT_F8E4M3 && fp8_dtype != TT_F8E5M2) return TT_ERR_DTYPE;
+  const int e4m3 = fp8_dtype == TT_F8E4M3;
+  const float fmax = e4m3 ? 448.0f : 57344.0f;
+  const float amax = amax_in ? *amax_in : amax_of(dtype, n, x);
+  const int nan = amax != amax;
   const float s = fmax / fmaxf(amax, 1e-12f) * (nan ? NAN : 1.0f);
   uint8_t *out = (uint8_t *)y;
 #pragma omp parallel for schedule(static)

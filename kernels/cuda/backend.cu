@@ -301,6 +301,7 @@ static tt_kernels tt_cuda_table_make(void) {
   k.attention_backward = tt_cuda_attention_backward;
   k.attention_merge = tt_cuda_attention_merge;
   k.to_float8 = tt_cuda_to_float8;
+  k.float8_amax = tt_cuda_float8_amax;
   k.gemm_float8 = tt_cuda_gemm_float8;
   k.swiglu = tt_cuda_swiglu;
   k.swiglu_backward = tt_cuda_swiglu_backward;

@@ -126,7 +126,9 @@ tt_status tt_cuda_attention_backward(int dtype, int64_t B, int64_t T, int64_t S,
                                      const void *o, const void *lse, const void *dout, void *dq, void *dk,
                                      void *dv);
 /* float8.cu, gemm.cu */
-tt_status tt_cuda_to_float8(int dtype, int64_t n, const void *x, int fp8_dtype, void *y, float *scale_inv);
+tt_status tt_cuda_to_float8(int dtype, int64_t n, const void *x, int fp8_dtype, void *y, float *scale_inv,
+                            const float *amax_in);
+tt_status tt_cuda_float8_amax(int dtype, int64_t n, const void *x, float *out);
 tt_status tt_cuda_gemm_float8(int a_dtype, int b_dtype, int c_dtype, int64_t m, int64_t n, int64_t k, const void *a,
                               const void *b, const float *sa, const float *sb, double beta, void *c, int fast_accum);
 /* attention_merge.cu */

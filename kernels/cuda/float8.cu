@@ -53,8 +53,28 @@ __global__ void tt_f8_cast_kernel(int64_t n, const typename tt_ft<DT>::S *__rest
 
 __global__ void tt_f8_finish_kernel(float fmax, float *slot) { *slot = __fdiv_rn(1.0f, tt_f8_scale(*slot, fmax)); }
 
+/* *out = max |x| (0 for n = 0), on the stream s */
 template <int DT>
-static tt_status tt_to_float8_launch(int64_t n, const void *x, int fp8_dtype, void *y, float *scale_inv) {
+static tt_status tt_f8_amax_launch(cudaStream_t s, int64_t n, const void *x, float *out) {
+  TT_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), s));
+  if (n <= 0) return TT_OK;
+  const unsigned int blocks = tt_cuda_blocks(n) < 1024 ? tt_cuda_blocks(n) : 1024;
+  tt_f8_amax_kernel<DT><<<blocks, TT_CUDA_THREADS, 0, s>>>(n, (const typename tt_ft<DT>::S *)x, (unsigned *)out);
+  TT_CUDA_CHECK_LAUNCH("tt_f8_amax_kernel");
+  return TT_OK;
+}
+
+template <int DT>
+static tt_status tt_float8_amax_run(int64_t n, const void *x, float *out) {
+  int device;
+  cudaStream_t s;
+  tt_status st = tt_cuda_current(&device, &s);
+  return st != TT_OK ? st : tt_f8_amax_launch<DT>(s, n, x, out);
+}
+
+template <int DT>
+static tt_status tt_to_float8_launch(int64_t n, const void *x, int fp8_dtype, void *y, float *scale_inv,
+                                     const float *amax_in) {
   typedef typename tt_ft<DT>::S S;
   int device;
   cudaStream_t s;
@@ -62,11 +82,9 @@ static tt_status tt_to_float8_launch(int64_t n, const void *x, int fp8_dtype, vo
   if (st != TT_OK) return st;
   const int e4m3 = fp8_dtype == TT_F8E4M3;
   const float fmax = e4m3 ? 448.0f : 57344.0f;
-  TT_CUDA_CHECK(cudaMemsetAsync(scale_inv, 0, sizeof(float), s));
+  if (amax_in) TT_CUDA_CHECK(cudaMemcpyAsync(scale_inv, amax_in, sizeof(float), cudaMemcpyDeviceToDevice, s));
+  else if ((st = tt_f8_amax_launch<DT>(s, n, x, scale_inv)) != TT_OK) return st;
   if (n > 0) {
-    const unsigned int blocks = tt_cuda_blocks(n) < 1024 ? tt_cuda_blocks(n) : 1024;
-    tt_f8_amax_kernel<DT><<<blocks, TT_CUDA_THREADS, 0, s>>>(n, (const S *)x, (unsigned *)scale_inv);
-    TT_CUDA_CHECK_LAUNCH("tt_f8_amax_kernel");
     tt_f8_cast_kernel<DT><<<tt_cuda_blocks(n), TT_CUDA_THREADS, 0, s>>>(n, (const S *)x, e4m3, fmax, scale_inv,
                                                                         (uint8_t *)y);
     TT_CUDA_CHECK_LAUNCH("tt_f8_cast_kernel");
@@ -77,12 +95,21 @@ static tt_status tt_to_float8_launch(int64_t n, const void *x, int fp8_dtype, vo
 }
 
 extern "C" tt_status tt_cuda_to_float8(int dtype, int64_t n, const void *x, int fp8_dtype, void *y,
-                                       float *scale_inv) {
+                                       float *scale_inv, const float *amax_in) {
   if (fp8_dtype != TT_F8E4M3 && fp8_dtype != TT_F8E5M2) return TT_ERR_DTYPE;
   switch (dtype) {
-    case TT_F32: return tt_to_float8_launch<TT_F32>(n, x, fp8_dtype, y, scale_inv);
-    case TT_BF16: return tt_to_float8_launch<TT_BF16>(n, x, fp8_dtype, y, scale_inv);
-    case TT_F16: return tt_to_float8_launch<TT_F16>(n, x, fp8_dtype, y, scale_inv);
+    case TT_F32: return tt_to_float8_launch<TT_F32>(n, x, fp8_dtype, y, scale_inv, amax_in);
+    case TT_BF16: return tt_to_float8_launch<TT_BF16>(n, x, fp8_dtype, y, scale_inv, amax_in);
+    case TT_F16: return tt_to_float8_launch<TT_F16>(n, x, fp8_dtype, y, scale_inv, amax_in);
+    default: return TT_ERR_DTYPE;
+  }
+}
+
+extern "C" tt_status tt_cuda_float8_amax(int dtype, int64_t n, const void *x, float *out) {
+  switch (dtype) {
+    case TT_F32: return tt_float8_amax_run<TT_F32>(n, x, out);
+    case TT_BF16: return tt_float8_amax_run<TT_BF16>(n, x, out);
+    case TT_F16: return tt_float8_amax_run<TT_F16>(n, x, out);
     default: return TT_ERR_DTYPE;
   }
 }

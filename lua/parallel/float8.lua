@@ -45,9 +45,21 @@ M.recipes = { tensorwise = true }
 
 -- x (contiguous f32/bf16/f16) -> x in fp8 ("float8_e4m3fn" or
 -- "float8_e5m2") scaled to the format's range, and the 0-d f32 inverse scale.
-function M.to_float8(x, dtype)
+-- group: x is this rank's shard of a tensor split over the group (tensor
+-- parallelism): the scale comes from the largest magnitude of every shard
+-- (an all-reduce of one number), so every rank casts as one rank holding
+-- the whole tensor would.
+function M.to_float8(x, dtype, group)
+  local amax
+  if group then
+    o1[0] = nil
+    check(C.tt_op_float8_amax(x._c, o1))
+    amax = tensor.wrap(o1[0])
+    group:all_reduce(amax, "max")
+  end
   o1[0], o2[0] = nil, nil
-  check(C.tt_op_to_float8(x._c, tensor.dtype_of(dtype), o1, o2))
+  check(C.tt_op_to_float8(x._c, tensor.dtype_of(dtype), amax and amax._c or nil, o1, o2))
+  if amax then amax:free() end
   return tensor.wrap(o1[0]), tensor.wrap(o2[0])
 end
 
@@ -68,15 +80,16 @@ local function transposed(t) return t:t():contiguous() end
 
 local Linear8 = autograd.Function {
   name = "float8_linear",
-  forward = function(ctx, x, w)
+  forward = function(ctx, x, w, group)
     local shape = x:shape()
     local K, N = shape[#shape], w:size(1)
     local x2 = x:reshape(-1, K)
     local xc = x2:contiguous()
-    local x8, sx = M.to_float8(xc, "float8_e4m3fn")
+    local x8, sx = M.to_float8(xc, "float8_e4m3fn", group)
     if xc ~= x2 then xc:free() end
     if x2 ~= x then x2:free() end
-    local w8, sw = M.to_float8(w:contiguous(), "float8_e4m3fn")
+    local w8, sw = M.to_float8(w:contiguous(), "float8_e4m3fn", group)
+    ctx.group = group
     local y = M.matmul(x8, w8, sx, sw, x:dtype(), { fast_accum = true })
     -- (autograd is off inside a Function's forward: ask the tensors themselves)
     ctx.need_x, ctx.need_w = x.requires_grad == true, w.requires_grad == true
@@ -94,7 +107,7 @@ local Linear8 = autograd.Function {
     local N = w8:size(1)
     local g2 = g:reshape(-1, N)
     local gc = g2:contiguous()
-    local g8, sg = M.to_float8(gc, "float8_e5m2")
+    local g8, sg = M.to_float8(gc, "float8_e5m2", ctx.group)
     if gc ~= g2 then gc:free() end
     if g2 ~= g then g2:free() end
     local dx, dw
@@ -111,18 +124,20 @@ local Linear8 = autograd.Function {
       g8t:free(); x8t:free()
     end
     g8:free(); sg:free()
-    return dx, dw
+    return dx, dw, nil
   end,
 }
 
--- y = x W^T through fp8 (no bias: Llama's linears have none).
-function M.linear(x, w) return Linear8(x, w) end
+-- y = x W^T through fp8 (no bias: Llama's linears have none); group: the
+-- tensor-parallel ranks when x, W or the gradient are split over them.
+function M.linear(x, w, group) return Linear8(x, w, group) end
 
-local function forward8(self, x) return Linear8(x, self.weight) end
+local function forward8(self, x) return Linear8(x, self.weight, rawget(self, "float8_group")) end
 
 -- Converts `model`'s Linear modules in place (their forward goes through
 -- fp8); returns the converted modules' names and the skipped ones' with why.
--- opts.filter_fqns: names containing any of these strings stay (default { "output" }).
+-- opts.filter_fqns: names containing any of these strings stay (default { "output" });
+-- opts.group: the tensor-parallel group (the scales then span every rank's shard).
 function M.apply(model, opts)
   opts = opts or {}
   local filter = opts.filter_fqns or { "output" }
@@ -143,6 +158,7 @@ function M.apply(model, opts)
       else
         rawset(mod, "forward", forward8)
         rawset(mod, "float8", true)
+        if opts.group then rawset(mod, "float8_group", opts.group) end
         done[#done + 1] = name
       end
     end

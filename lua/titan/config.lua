@@ -470,8 +470,6 @@ function M.validate(cfg)
     .. "(the one built)"):format(tostring(cfg.float8.recipe_name)))
   need(not cfg.float8.enable_fsdp_float8_all_gather, "float8.enable_fsdp_float8_all_gather = true: not built; "
     .. "expected false (FSDP gathers the weights in the compute dtype and each layer casts them)")
-  need(not conv.float8 or cfg.parallelism.tp <= 1, "model.converters = float8 with parallelism.tp > 1: not built "
-    .. "(each rank would scale its own shard); expected tp = 1")
   need(not conv.float8 or cfg.training.mixed_precision_param ~= "float64", "model.converters = float8 with "
     .. "training.mixed_precision_param = float64; expected float32 or bfloat16")
   local par = cfg.parallelism

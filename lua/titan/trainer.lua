@@ -619,7 +619,8 @@ function Trainer:convert(model)
   for f in (self.cfg.float8.filter_fqns .. ","):gmatch("%s*([^,]-)%s*,") do
     if f ~= "" then filter[#filter + 1] = f end
   end
-  local done, skipped = require("parallel.float8").apply(model, { filter_fqns = filter })
+  -- (under TP each scale spans every rank's shard: one all-reduce of a number per cast)
+  local done, skipped = require("parallel.float8").apply(model, { filter_fqns = filter, group = self.tp_group })
   self.float8 = self.float8 or { done = 0, skipped = {} }
   self.float8.done = self.float8.done + #done
   for _, s in ipairs(skipped) do self.float8.skipped[#self.float8.skipped + 1] = s[1] .. " (" .. s[2] .. ")" end

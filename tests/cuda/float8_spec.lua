@@ -17,10 +17,10 @@ local box, ok, take, dev = H.box, H.ok, H.take, H.dev
 -- x cast on the device into poisoned outputs, and on the CPU
 local function both_casts(x, fmt)
   local y, s = H.poison(x:shape(), fmt), H.poison({}, "float32")
-  ok(C.tt_op_to_float8(dev(x)._c, tensor.dtype_of(fmt), box(y), box(s)), "to_float8 " .. fmt)
+  ok(C.tt_op_to_float8(dev(x)._c, tensor.dtype_of(fmt), nil, box(y), box(s)), "to_float8 " .. fmt)
   H.sync()
   local yr, sr = box(), box()
-  ok(C.tt_op_to_float8(x:to("cpu")._c, tensor.dtype_of(fmt), yr, sr), "to_float8 (CPU)")
+  ok(C.tt_op_to_float8(x:to("cpu")._c, tensor.dtype_of(fmt), nil, yr, sr), "to_float8 (CPU)")
   return y, s, take(yr), take(sr)
 end
 
@@ -37,6 +37,24 @@ describe("cuda float8", function()
       end))
     end
   end
+
+  it("float8_amax and a cast with a given amax (tensor parallelism's group max): the CPU's bits",
+    H.scoped(function()
+      local x = H.randn({ 300, 200 }, 9, "bfloat16", 2)
+      local a, ar = H.poison({}, "float32"), box()
+      ok(C.tt_op_float8_amax(dev(x)._c, box(a)), "float8_amax")
+      ok(C.tt_op_float8_amax(x:to("cpu")._c, ar), "float8_amax (CPU)")
+      H.sync()
+      H.check_exact(a, take(ar), "amax")
+      local given = titan.full({}, 3 * a:item())
+      local y, s = H.poison(x:shape(), "float8_e5m2"), H.poison({}, "float32")
+      ok(C.tt_op_to_float8(dev(x)._c, C.TT_F8E5M2, dev(given)._c, box(y), box(s)), "to_float8 with amax")
+      local yr, sr = box(), box()
+      ok(C.tt_op_to_float8(x:to("cpu")._c, C.TT_F8E5M2, given._c, yr, sr), "to_float8 with amax (CPU)")
+      H.sync()
+      H.check_exact(s, take(sr), "scale_inv")
+      H.check_exact(y, take(yr), "fp8 values")
+    end))
 
   it("a NaN anywhere makes the scale and every value NaN, as on the CPU", H.scoped(function()
     local x = H.randn({ 40, 70 }, 3, "float32")

@@ -72,7 +72,7 @@ end
 describe("the nccl backend across processes", function()
   it("every collective at world 3, each rank on its own GPU; Lua values through the MPI host group", function()
     if not mpi then return pending(NO_MPI) end
-    sh.worker_ok("TITAN_CUEMU=1 TITAN_CUEMU_DEVICES=3 TITAN_WORKER_BACKEND=nccl ", exe, 3, 42)
+    sh.worker_ok("TITAN_CUEMU=1 TITAN_CUEMU_DEVICES=3 TITAN_WORKER_BACKEND=nccl ", exe, 3, 43)
   end)
 end)
 

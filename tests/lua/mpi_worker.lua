@@ -190,6 +190,20 @@ do
   end
 end
 
+-- Float8 under tensor parallelism (lua/parallel/float8.lua): a weight split by rows over the ranks,
+-- cast with the group's largest magnitude, gives each rank the fp8 bits of its rows of the whole
+-- weight's cast, and the same inverse scale.
+do
+  local f8 = require("parallel.float8")
+  local w = titan.randn({ 4 * n, 16 }, { seed = 31 }) * (titan.arange(4 * n):reshape(4 * n, 1) + 1)
+  local whole8, whole_s = f8.to_float8(w, "float8_e5m2")
+  local mine8, mine_s = f8.to_float8(w:narrow(1, 4 * r + 1, 4):contiguous():to(dev), "float8_e5m2", g)
+  assert(mine_s:to("cpu"):item() == whole_s:item(), "float8 group scale")
+  local a, b = mine8:to("cpu"):tolist_flat(), whole8:narrow(1, 4 * r + 1, 4):contiguous():tolist_flat()
+  for i = 1, #b do assert(a[i] == b[i], ("float8 group cast: element %d %g vs %g"):format(i, a[i], b[i])) end
+  print(("rank %d ok float8 group cast"):format(r))
+end
+
 -- misuse: one clear line each
 local function fails(name, fn, pattern)
   local ok, err = pcall(fn)
