@@ -609,6 +609,17 @@ function Trainer:plan_pipeline(family, model)
 end
 
 -- Pipeline parallelism: this rank's stages, each a copy of the model built
+-- "a, b, a, a" -> "a x3, b": a list's distinct entries in first-seen order, with their counts.
+function M.counted(list)
+  local n, order = {}, {}
+  for _, s in ipairs(list) do
+    if not n[s] then order[#order + 1] = s end
+    n[s] = (n[s] or 0) + 1
+  end
+  for i, s in ipairs(order) do order[i] = n[s] > 1 and ("%s x%d"):format(s, n[s]) or s end
+  return table.concat(order, ", ")
+end
+
 -- model.converters (after TP, before AC, as TorchTitan): float8 turns the
 -- Linear layers into fp8 ones (lua/parallel/float8.lua); self.float8 counts
 -- them for the banner.
@@ -623,7 +634,10 @@ function Trainer:convert(model)
   local done, skipped = require("parallel.float8").apply(model, { filter_fqns = filter, group = self.tp_group })
   self.float8 = self.float8 or { done = 0, skipped = {} }
   self.float8.done = self.float8.done + #done
-  for _, s in ipairs(skipped) do self.float8.skipped[#self.float8.skipped + 1] = s[1] .. " (" .. s[2] .. ")" end
+  -- (named by pattern: layers.*.moe.router stands for one per block)
+  for _, s in ipairs(skipped) do
+    self.float8.skipped[#self.float8.skipped + 1] = s[1]:gsub("%.%d+%.", ".*.") .. " (" .. s[2] .. ")"
+  end
 end
 
 -- on meta and pruned to its blocks (lua/parallel/pp.lua), with activation
@@ -732,7 +746,7 @@ function Trainer:banner()
   if self.float8 then
     local f = self.float8
     self.print(("float8: %d Linear layers multiply in fp8 (tensorwise dynamic scaling: e4m3 forward, e5m2 "
-      .. "gradients)%s%s"):format(f.done, #f.skipped > 0 and "; unconverted: " .. table.concat(f.skipped, ", ") or "",
+      .. "gradients)%s%s"):format(f.done, #f.skipped > 0 and "; unconverted: " .. M.counted(f.skipped) or "",
       t.device == "cpu" and "; on the CPU the fp8 values are widened to f32 (the numerics, not the speed)" or ""))
   end
   if self.ac_blocks > 0 then
