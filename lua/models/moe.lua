@@ -131,12 +131,13 @@ end
 
 -- The aux-loss-free balance step (before the optimizer's): expert_bias +=
 -- coeff * sign(mean - count), centered, with the counts summed over `group`
--- (the data-parallel ranks; nil: this rank's); the counts restart.
+-- (the data-parallel ranks; nil: this rank's); the counts restart. Returns
+-- the summed counts.
 function MoE:update_bias(group)
   local E, coeff = self.m.num_experts, self.m.load_balance_coeff
   local c = group and group:sum_numbers(self.counts) or { unpack(self.counts) }
   for e = 1, E do self.counts[e] = 0 end
-  if coeff <= 0 then return end
+  if coeff <= 0 then return c end
   local mean = 0
   for e = 1, E do mean = mean + c[e] / E end
   local d, dm = {}, 0
@@ -149,6 +150,15 @@ function MoE:update_bias(group)
   titan.no_grad(function()
     self.expert_bias:add_(titan.tensor(d, { dtype = "float32" }):to(self.expert_bias:device()))
   end)
+  return c
+end
+
+-- The load of the busiest expert over the mean (1: balanced; num_experts:
+-- one expert took every token) of counts.
+function M.max_load(c)
+  local mx, tot = 0, 0
+  for _, v in ipairs(c) do mx, tot = math.max(mx, v), tot + v end
+  return tot > 0 and mx * #c / tot or 1
 end
 
 -- The MoE layers of a model: { name, module } in order.

@@ -105,9 +105,9 @@ function Logger:log_step(rec)
   rec.memory_gib, rec.memory_peak_gib, rec.memory_pct = gib, peak_gib, pct
   rec.elapsed = now - self.t_start
   self.print(("step: %5d  loss: %7.4f  grad_norm: %7.4f  lr: %.2e  memory: %5.2fGiB (peak %.2fGiB, %.2f%%)  "
-    .. "tps: %s  tflops: %.3f  mfu: %.2f%%  elapsed: %s"):format(
+    .. "tps: %s  tflops: %.3f  mfu: %.2f%%  elapsed: %s%s"):format(
       rec.step, rec.loss, rec.grad_norm or 0, rec.lr or 0, gib, peak_gib, pct, M.commas(tps), flops / 1e12, mfu,
-      M.duration(rec.elapsed)))
+      M.duration(rec.elapsed), rec.moe_max_load and ("  moe load: %.2f"):format(rec.moe_max_load) or ""))
   self:write_jsonl(rec)
   if self.opts.tensorboard then
     local tags = {}
@@ -122,7 +122,7 @@ M.tensorboard_tags = {
   loss = "loss_metrics/global_avg_loss", grad_norm = "grad_norm", lr = "lr", tps = "throughput(tps)",
   tflops = "tflops", mfu = "mfu(%)", memory_gib = "memory/allocated(GiB)",
   memory_peak_gib = "memory/peak_allocated(GiB)", memory_pct = "memory/peak_allocated(%)",
-  elapsed = "time_metrics/elapsed(s)",
+  elapsed = "time_metrics/elapsed(s)", moe_max_load = "moe/max_load",
 }
 
 function Logger:log_validation(step, loss, ntok)

@@ -967,8 +967,13 @@ function Trainer:update(params)
   -- MoE's aux-loss-free balance (lua/models/moe.lua): each layer's expert
   -- bias moves by the step's token counts, summed over the data-parallel
   -- (and context-parallel) ranks, before the optimizer's step.
-  if self.moe_layers == nil then self.moe_layers = require("models.moe").layers(self.model) end
-  for _, l in ipairs(self.moe_layers) do l[2]:update_bias(self.dp) end
+  -- self.moe_load: the busiest expert's load over the mean, averaged over this rank's MoE layers (the
+  -- log line's "moe load")
+  local moe = require("models.moe")
+  if self.moe_layers == nil then self.moe_layers = moe.layers(self.model) end
+  local load = 0
+  for _, l in ipairs(self.moe_layers) do load = load + moe.max_load(l[2]:update_bias(self.dp)) end
+  self.moe_load = #self.moe_layers > 0 and load / #self.moe_layers or nil
   -- device_update: nil = on for GPU devices; true forces it (specs run it
   -- on the CPU, whose backend has the same ops); false = the host path.
   -- Where ranks hold shares of the gradients (FSDP, TP, PP) the squares are
@@ -1100,7 +1105,8 @@ function Trainer:train(until_step)
     self.logger:add_tokens(ntok / self.world)
     if step % cfg.metrics.log_freq == 0 or step == 1 or step == last then
       if type(grad_norm) == "function" then grad_norm = grad_norm() end -- read back only when logged
-      self.logger:log_step({ step = step, loss = loss, grad_norm = grad_norm, lr = self.optimizer:lr() })
+      self.logger:log_step({ step = step, loss = loss, grad_norm = grad_norm, lr = self.optimizer:lr(),
+        moe_max_load = self.moe_load })
     end
     if cfg.validation.enable and step % cfg.validation.freq == 0 then self:validate() end
     self.checkpoint:maybe_save(step, self:ckpt_state(), { final = step == t.steps })

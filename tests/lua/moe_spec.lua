@@ -141,8 +141,14 @@ describe("llama3 debugmodel_moe", function()
   it("trains, and a checkpoint resumes bit for bit with the experts' biases (full AC)", function()
     local straight, first, second = sh.tmpdir(), sh.tmpdir(), nil
     local ac = "--activation_checkpoint.mode=full "
-    local a = losses(train(straight, ac .. "--training.steps=4"))
+    local out = train(straight, ac .. "--training.steps=4")
+    local a = losses(out)
     assert.are.equal(4, #a)
+    -- the busiest expert's load over the mean, on the log line and in metrics.jsonl
+    assert.truthy(out:find("  moe load: [%d.]+\n"), out)
+    local f = assert(io.open(straight .. "/metrics.jsonl"))
+    assert.truthy(f:read("*a"):find('"moe_max_load":', 1, true))
+    f:close()
     assert.is_true(tonumber(a[4]) < tonumber(a[1]))
     train(first, ac .. "--training.steps=2 --checkpoint.enable=true --checkpoint.interval=2")
     second = losses(train(first, ac .. "--training.steps=4 --checkpoint.enable=true --checkpoint.interval=2"))
