@@ -480,16 +480,23 @@ describe("float8 over MPI", function()
 end)
 
 describe("mixture of experts over MPI", function()
-  it("FSDP 2 trains debugmodel_moe to one process's losses (the experts' counts summed over the ranks)",
-    function()
-      if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
-      local m = { "--training.steps=3", "--model.flavor=debugmodel_moe" }
-      local one, two = tmpdir(), tmpdir()
-      run_ok(train_cmd(1, one, with(m, { "--training.local_batch_size=4" })))
-      run_ok(train_cmd(2, two, with(m, { "--training.local_batch_size=2" })))
-      local a, b = losses(one), losses(two)
-      for s = 1, 3 do close(a[s], b[s], s, "moe FSDP 2") end
-    end)
+  it("FSDP 2, PP 2 and CP 2 (ring) train debugmodel_moe to one process's losses (the experts' counts summed "
+    .. "over the data-parallel and context-parallel ranks)", function()
+    if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
+    local m = { "--training.steps=3", "--model.flavor=debugmodel_moe" }
+    local one = tmpdir()
+    run_ok(train_cmd(1, one, with(m, { "--training.local_batch_size=4" })))
+    local a = losses(one)
+    for what, extra in pairs({ ["FSDP 2"] = { "--training.local_batch_size=2" },
+      ["PP 2"] = { "--training.local_batch_size=4", "--parallelism.pp=2" },
+      ["CP 2 ring"] = { "--training.local_batch_size=4", "--parallelism.cp=2",
+        "--parallelism.context_parallel_rotate_method=alltoall" } }) do
+      local dump = tmpdir()
+      run_ok(train_cmd(2, dump, with(m, extra)))
+      local b = losses(dump)
+      for s = 1, 3 do close(a[s], b[s], s, "moe " .. what) end
+    end
+  end)
 end)
 
 describe("context parallelism checkpoints", function()
