@@ -429,6 +429,8 @@ describe("context parallelism over MPI", function()
         "context parallel over MPI: 4 ranks per sequence, each holding 8 of its 32 tokens (of 8 chunks" },
       { "cp 2, ring x FSDP 2, AC", 4, { "--training.local_batch_size=2", RING, "--activation_checkpoint.mode=full" },
         "ring attention (alltoall): keys and values passed around the cp ranks" },
+      { "cp 2, ring x tp 2", 4, { "--training.local_batch_size=4", RING, "--parallelism.tp=2" },
+        "tensor parallel: 2 ranks" },
     }
     local a, va = losses(one), losses(one, "validation_loss")[3]
     for _, c in ipairs(cases) do
