@@ -608,7 +608,6 @@ function Trainer:plan_pipeline(family, model)
   self.pp_layout, self.n_microbatches = layout, nmb
 end
 
--- Pipeline parallelism: this rank's stages, each a copy of the model built
 -- "a, b, a, a" -> "a x3, b": a list's distinct entries in first-seen order, with their counts.
 function M.counted(list)
   local n, order = {}, {}
@@ -620,9 +619,10 @@ function M.counted(list)
   return table.concat(order, ", ")
 end
 
--- model.converters (after TP, before AC, as TorchTitan): float8 turns the
--- Linear layers into fp8 ones (lua/parallel/float8.lua); self.float8 counts
--- them for the banner.
+-- model.converters, before AC (TorchTitan's order: after TP, whose split
+-- of the weights comes later here, which is the same since the conversion
+-- only swaps the Linear layers' forward): float8 turns them into fp8 ones
+-- (lua/parallel/float8.lua); self.float8 counts them for the banner.
 function Trainer:convert(model)
   local conv = self.cfg.model.converters
   if not (("," .. conv .. ","):gsub("%s", ""):find(",float8,", 1, true)) then return end
@@ -640,6 +640,7 @@ function Trainer:convert(model)
   end
 end
 
+-- Pipeline parallelism: this rank's stages, each a copy of the model built
 -- on meta and pruned to its blocks (lua/parallel/pp.lua), with activation
 -- checkpointing applied to each; self.model is their union (one module with
 -- the whole model's parameter names), self.pipe runs the schedule.
