@@ -26,6 +26,7 @@
 -- ranks, tokens exchanged by all-to-all) is not built.
 local titan = require("titan")
 local autograd = require("titan.autograd")
+local memory = require("titan.memory")
 local nn, F = titan.nn, titan.F
 
 local M = {}
@@ -76,7 +77,8 @@ function MoE:route(x2)
   local logits = self.router(x2)
   local scores = m.score_func == "softmax" and logits:softmax() or logits:sigmoid()
   local N = x2:size(1)
-  local ids = titan.no_grad(function()
+  -- (the selection's scratch, [N, E] scores and masks, is freed here, not at the step's end)
+  local ids = memory.scope(titan.no_grad, function()
     local sel = (scores:detach():to("float32") + self.expert_bias:to("float32"):view(1, -1)):contiguous()
     local cols, mask = {}, titan.full({ N, 1 }, -math.huge, { dtype = "float32", device = sel:device() })
     for j = 1, m.top_k do

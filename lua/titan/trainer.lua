@@ -971,7 +971,6 @@ function Trainer:update(params)
   -- self.moe_load: the busiest expert's load over the mean, averaged over this rank's MoE layers (the
   -- log line's "moe load")
   local moe = require("models.moe")
-  if self.moe_layers == nil then self.moe_layers = moe.layers(self.model) end
   local load = 0
   for _, l in ipairs(self.moe_layers) do load = load + moe.max_load(l[2]:update_bias(self.dp)) end
   self.moe_load = #self.moe_layers > 0 and load / #self.moe_layers or nil

@@ -8,7 +8,11 @@
  * leading dimension, batched by BATCH_COUNT and STRIDED_BATCH_OFFSET. The
  * result rounds once to D's type; FAST_TF32 rounds A and B to TF32 first. beta == 0 does
  * not read C (which may hold NaN), as in BLAS. The products are the CPU
- * backend's GEMM (OpenBLAS) in f32, or f64 for f64 operands.
+ * backend's GEMM (OpenBLAS) in f32, or f64 for f64 operands. fp8 operands
+ * (e4m3, e5m2) are widened exactly and the product times the A and B scale
+ * pointers' values, read when the GEMM runs; cuBLASLt's fp8 rules are
+ * enforced (both fp8, not both e5m2, the TN layout, f32 compute, leading
+ * dimensions multiples of 16, 16-byte aligned operands).
  *
  * Checked as cuBLASLt would refuse it, so gemm.cu's row-major mapping is
  * tested for real: op(A) m x k, op(B) k x n, C and D m x n; ld >= rows;

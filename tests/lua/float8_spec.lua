@@ -200,7 +200,7 @@ describe("float8 training", function()
       .. " --training.steps=4 --training.seq_len=64 --training.local_batch_size=2 --metrics.log_freq=1"
       .. " --lr_scheduler.warmup_steps=2 --training.shuffle=false " .. (extra or ""))
     local losses = {}
-    for l in out:gmatch("step: +%d+  loss: +([%d.]+)") do losses[#losses + 1] = tonumber(l) end
+    for i, l in ipairs(sh.losses(out)) do losses[i] = tonumber(l) end
     return losses, out
   end
 
@@ -223,5 +223,7 @@ describe("float8 training", function()
       "float8.recipe_name = 'rowwise'; expected tensorwise (the one built)")
     sh.one_line(base .. "--model.converters=float8 --float8.enable_fsdp_float8_all_gather=true",
       "float8.enable_fsdp_float8_all_gather = true: not built; expected false")
+    sh.one_line(base .. "--model.converters=float8 --training.mixed_precision_param=float64",
+      "model.converters = float8 with training.mixed_precision_param = float64; expected float32 or bfloat16")
   end)
 end)

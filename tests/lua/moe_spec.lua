@@ -122,11 +122,7 @@ describe("llama3 debugmodel_moe", function()
       .. dump .. " --training.seq_len=64 --training.local_batch_size=2 --metrics.log_freq=1"
       .. " --lr_scheduler.warmup_steps=2 --training.shuffle=false " .. (extra or ""))
   end
-  local function losses(out)
-    local l = {}
-    for v in out:gmatch("step: +%d+  loss: +([%d.]+)") do l[#l + 1] = v end
-    return l
-  end
+  local losses = sh.losses
 
   it("counts the active experts' FLOPs (top 1 of 8: the routed experts at 1/8)", function()
     local llama3 = require("models.llama3")
@@ -161,6 +157,11 @@ describe("llama3 debugmodel_moe", function()
     assert.is_false(ok)
     assert.are.equal("hf: the flavor has mixture-of-experts layers, which have no Hugging Face Llama names; expected "
       .. "a dense flavor", err)
+  end)
+
+  it("refuses CUDA graphs in one line (its dispatch reads the routing on the host)", function()
+    sh.one_line(exe .. " lua/recipes/llama3_debugmodel.lua --model.flavor=debugmodel_moe --training.steps=1 "
+      .. "--training.cuda_graphs=true", "training.cuda_graphs: not with a mixture-of-experts flavor")
   end)
 
   it("refuses tensor parallelism in one line", function()

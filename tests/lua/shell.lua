@@ -29,6 +29,13 @@ function M.one_line(cmd, text)
   return out
 end
 
+-- The losses of a training run's step lines, as printed (strings: compare bit for bit, or tonumber).
+function M.losses(out)
+  local l = {}
+  for v in out:gmatch("step: +%d+  loss: +([%d.]+)") do l[#l + 1] = v end
+  return l
+end
+
 -- Runs cmd; its output, or an error with the exit status and the output.
 function M.run_ok(cmd)
   local out, rc = M.run(cmd)
