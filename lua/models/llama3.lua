@@ -223,8 +223,8 @@ M.tp_plan = {
   -- each rank takes whole heads (and whole groups of query heads per kv head)
   check = function(a, tp)
     if a.moe then
-      return "the flavor's mixture-of-experts layers have no tensor-parallel plan (expert parallelism is not built); "
-        .. "expected parallelism.tp = 1"
+      return "the flavor's mixture-of-experts layers have no tensor-parallel plan; expected parallelism.tp = 1 "
+        .. "(spread the experts over ranks with parallelism.expert_parallel_degree)"
     end
     if a.n_kv_heads % tp ~= 0 then
       return ("n_kv_heads = %d is not a multiple of parallelism.tp = %d (each rank takes whole heads)")

@@ -22,8 +22,9 @@
 -- tokens are gathered on the device (index_select), run expert by expert on
 -- contiguous rows, and brought back to token order by the inverse
 -- permutation, weighted and summed: every step has an autograd backward, so
--- the router learns through w. Expert parallelism (experts spread over
--- ranks, tokens exchanged by all-to-all) is not built.
+-- the router learns through w. Under expert parallelism (self.ep, set by
+-- lua/parallel/ep.lua) this rank holds some of the experts, and the rows in
+-- expert order go to the ranks holding theirs and come back in that order.
 local titan = require("titan")
 local autograd = require("titan.autograd")
 local memory = require("titan.memory")
@@ -119,13 +120,19 @@ function MoE:forward(x)
   end
   local dev = x2:device()
   local routed = x2:index_select(1, titan.tensor(order, { dtype = "int64" }):to(dev))
-  local outs = {}
-  for e = 1, E do
-    if count[e] > 0 then
-      outs[#outs + 1] = self.experts[tostring(e - 1)](routed:narrow(1, first[e] + 1, count[e]))
+  local out
+  if self.ep then -- (the experts are spread over ranks: lua/parallel/ep.lua sends the rows to theirs)
+    out = self.ep:run(self, routed, count)
+  else
+    local outs = {}
+    for e = 1, E do
+      if count[e] > 0 then
+        outs[#outs + 1] = self.experts[tostring(e - 1)](routed:narrow(1, first[e] + 1, count[e]))
+      end
     end
+    out = titan.cat(outs, 1)
   end
-  local back = titan.cat(outs, 1):index_select(1, titan.tensor(pos, { dtype = "int64" }):to(dev)) -- pair order
+  local back = out:index_select(1, titan.tensor(pos, { dtype = "int64" }):to(dev)) -- pair order
   local y = (back:view(N, k, D) * w:to(back:dtype()):view(N, k, 1)):sum(2)
   if self.shared_expert then y = y + self.shared_expert(x2) end
   return y:view(shape)

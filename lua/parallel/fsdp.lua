@@ -501,7 +501,10 @@ end
 -- materialized and initialized (the same on every rank), or tensors without
 -- memory (model:to_empty(device, {params_storage = false})) and
 -- opts.init(names) initializes the named ones (a set) the same on every
--- rank, a unit at a time.
+-- rank, a unit at a time. opts.keep: a set of parameters left whole on this
+-- rank, neither gathered nor reduced (expert parallelism's experts: each
+-- rank holds its own); they are in named_parameters and the checkpoint as
+-- whole tensors, and their gradients are the caller's to reduce.
 function M.apply(model, group, opts)
   opts = opts or {}
   local policy = opts.reshard_after_forward or "default"
@@ -514,13 +517,18 @@ function M.apply(model, group, opts)
     policy = policy, stats = { all_gathers = 0, reduce_scatters = 0, prefetches = 0 }, init = opts.init,
     overlap = opts.overlap == true }, FSDP)
   local in_block, by_name = {}, {}
+  local keep, kept = opts.keep or {}, {}
   local names = layers._children
   for i, name in ipairs(names) do
     local block = layers[name]
     local prefix = "layers." .. name .. "."
     local params = {}
     for _, np in ipairs(block:named_parameters()) do
-      params[#params + 1] = { prefix .. np[1], np[2] }
+      if keep[np[2]] then
+        kept[#kept + 1] = { prefix .. np[1], np[2] }
+      else
+        params[#params + 1] = { prefix .. np[1], np[2] }
+      end
       in_block[np[2]] = true
     end
     local reshard = policy == "always" or (policy == "default" and i < #names)
@@ -541,6 +549,20 @@ function M.apply(model, group, opts)
   self.root = new_unit(self, "root", rest, false)
   self.units[#self.units + 1] = self.root
   for _, e in ipairs(self.root.params) do by_name[e.name] = e end
+  -- The kept parameters: whole on this rank, materialized here if they were not.
+  local fresh = {}
+  for _, np in ipairs(kept) do
+    by_name[np[1]] = { name = np[1], full = np[2], shard = np[2], kept = true }
+    if not np[2]:has_storage() then
+      if not self.init then
+        error(("fsdp: %s has no memory; expected materialized parameters, or opts.init to initialize them")
+          :format(np[1]), 0)
+      end
+      np[2]:alloc_storage()
+      fresh[np[1]] = true
+    end
+  end
+  if next(fresh) then self.init(fresh) end
   for _, np in ipairs(model:named_parameters()) do self.order[#self.order + 1] = by_name[np[1]] end
   -- The root: unshard when the model's forward starts; the backward pass's
   -- first node arms the final callback.
@@ -562,7 +584,7 @@ function M.apply(model, group, opts)
   -- The checkpoint's boxes: a shard is rows [row0, row0 + rows) of its parameter.
   function self.shard_of(name)
     local e = by_name[name]
-    if not e then return nil end
+    if not e or e.kept then return nil end
     local off = { e.row0 }
     for d = 2, #e.shape do off[d] = 0 end
     return e.shape, off

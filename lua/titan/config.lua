@@ -103,6 +103,7 @@ M.defaults = {
     pipeline_parallel_layers_per_stage = -1,    -- -1: the schedule's stages per rank (1; Interleaved1F1B: 2)
     cp = 1,                                     -- context-parallel degree: each sequence split over cp ranks
     context_parallel_rotate_method = "allgather", -- how keys and values reach every cp rank (lua/parallel/cp.lua)
+    expert_parallel_degree = 1,                 -- MoE: the experts spread over this many data-parallel ranks
   },
   float8 = {
     recipe_name = "tensorwise",           -- dynamic scaling, one scale per tensor (the one recipe built)
@@ -214,6 +215,9 @@ M.descriptions = {
   ["parallelism.context_parallel_rotate_method"] =
     "allgather: every cp rank gathers the keys and values of the whole sequence (grouped-query heads keep them small); "
     .. "alltoall: ring attention, keys and values passed around the cp ranks a share at a time (longest contexts)",
+  ["parallelism.expert_parallel_degree"] =
+    "mixture of experts: each MoE layer's experts spread over this many data-parallel ranks, the tokens sent to "
+    .. "their experts' ranks and back (lua/parallel/ep.lua)",
   ["debug.deterministic"] = "same seed, same bits on a GPU (deterministic cuDNN engines only)",
   ["profiling.enable_profiling"] = "time every module, backward node and phase of every profile_freq-th step",
   ["profiling.save_traces_folder"] = "under job.dump_folder: iteration_N/rank<r>_trace.json (Chrome trace) + summary",

@@ -220,25 +220,30 @@ end
 -- opts.sum_squares(x): the sum over the ranks of each one's sum of squares,
 -- when each holds a share of the gradients (FSDP); every rank must call it.
 -- opts.sharded: the set of parameters held in shares (TP); the others are
--- whole on every rank and counted once. opts.sum_total(x): then the sum of
--- the total over other ranks (FSDP's shards of TP's slices: 2D).
--- The gradients of params: all of them, those of the split weights and
--- those of the whole ones (sharded: the set of split parameters; nil: all
--- are split).
-function M.grads_by_share(params, sharded)
-  local grads, split, whole = {}, {}, {}
+-- whole on every rank and counted once. opts.sum_total(x, own): then the sum
+-- of the total over other ranks (FSDP's shards of TP's slices: 2D), with
+-- own, the sum of squares of opts.own's gradients (a set of parameters
+-- other ranks hold others of: expert parallelism's experts), added where
+-- they sum (without sum_total: added to the total).
+-- The gradients of params: all of them, those of the split weights, those
+-- of the whole ones (sharded: the set of split parameters; nil: all are
+-- split) and those of own's parameters (in neither of the others).
+function M.grads_by_share(params, sharded, own)
+  local grads, split, whole, mine = {}, {}, {}, {}
   for _, p in ipairs(params) do
     if p.grad then
       grads[#grads + 1] = p.grad
-      if sharded and not sharded[p] then whole[#whole + 1] = p.grad else split[#split + 1] = p.grad end
+      if own and own[p] then mine[#mine + 1] = p.grad
+      elseif sharded and not sharded[p] then whole[#whole + 1] = p.grad
+      else split[#split + 1] = p.grad end
     end
   end
-  return grads, split, whole
+  return grads, split, whole, mine
 end
 
 function M.clip_grad_norm(params, max_norm, opts)
   opts = opts or {}
-  local grads, split, whole = M.grads_by_share(params, opts.sharded)
+  local grads, split, whole, mine = M.grads_by_share(params, opts.sharded, opts.own)
   local function sq(ts)
     local n = #ts > 0 and ops.global_norm(ts) or 0
     return n * n
@@ -246,7 +251,7 @@ function M.clip_grad_norm(params, max_norm, opts)
   local norm
   if opts.sum_squares then
     local total = opts.sum_squares(sq(split)) + sq(whole)
-    norm = math.sqrt(opts.sum_total and opts.sum_total(total) or total)
+    norm = math.sqrt(opts.sum_total and opts.sum_total(total, sq(mine)) or total + sq(mine))
   else
     norm = #grads > 0 and ops.global_norm(grads) or 0
   end

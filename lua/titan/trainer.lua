@@ -228,6 +228,35 @@ local function resolve_parallelism(p, world)
   return rep, shard, tp, pp, cp
 end
 
+-- parallelism.expert_parallel_degree against the model and the ranks:
+-- the experts spread over ep of the data-parallel ranks (dp_replicate x
+-- dp_shard x cp of them), which each route their own tokens. Returns ep.
+function M.check_expert_parallel(tr, cfg, model)
+  local ep = cfg.parallelism.expert_parallel_degree
+  if ep < 1 or ep % 1 ~= 0 then
+    error(("trainer: parallelism.expert_parallel_degree = %s; expected a positive degree"):format(ep), 0)
+  end
+  if ep == 1 then return 1 end
+  local layers = require("models.moe").layers(model)
+  if #layers == 0 then
+    error(("trainer: parallelism.expert_parallel_degree = %d, but %s %s has no mixture-of-experts layers; expected 1, "
+      .. "or a flavor with experts (debugmodel_moe)"):format(ep, cfg.model.name, cfg.model.flavor), 0)
+  end
+  local E = layers[1][2].m.num_experts
+  if E % ep ~= 0 then
+    error(("trainer: parallelism.expert_parallel_degree = %d does not divide the %d experts of %s %s's MoE layers; "
+      .. "expected a divisor of %d"):format(ep, E, cfg.model.name, cfg.model.flavor, E), 0)
+  end
+  local nd = tr.dp_size * tr.cp
+  if nd % ep ~= 0 then
+    error(("trainer: parallelism.expert_parallel_degree = %d, but the data-parallel ranks (dp_replicate x dp_shard x "
+      .. "cp) are %d x %d x %d = %d; expected a divisor of %d (the experts are spread over data-parallel ranks)%s")
+      :format(ep, tr.dp_replicate, tr.dp_shard, tr.cp, nd, nd, nd < ep and ", or more ranks (titan --nproc N)" or ""),
+      0)
+  end
+  return ep
+end
+
 -- The checkpoint box of each local tensor (checkpoint shard_of) under FSDP,
 -- TP or both: FSDP's rows are rows of the TP slice, so their offsets add.
 function M.compose_boxes(fsdp, tpp)
@@ -314,6 +343,7 @@ function M.new(cfg, opts)
     end
   end
   if self.pp > 1 then self:plan_pipeline(family, model) end
+  self.ep = M.check_expert_parallel(self, cfg, model)
   local bytes_per = ({ float32 = 4, float64 = 8, bfloat16 = 2 })[t.mixed_precision_param] or 4
   -- weights + gradients + two f32 AdamW moments (+ f32 master weights under bf16)
   local need = nparams * (2 * bytes_per + 8 + (bytes_per < 4 and 4 or 0))
@@ -361,6 +391,14 @@ function M.new(cfg, opts)
     if self.cp > 1 then -- (the ranks of one data-parallel rank holding the same heads)
       self.cp_group = stage:split(self.dp_rank * self.tp + self.stage_rank % self.tp, self.stage_rank)
     end
+    -- Expert parallelism: runs of ep consecutive ranks of self.dp (in its
+    -- order: dp rank, then cp rank) share each MoE layer's experts; the
+    -- ranks at the same place of every run hold the same experts (replicas).
+    if self.ep > 1 then
+      local at, nd = self.dp_rank * self.cp + self.cp_rank, self.dp_size * self.cp
+      self.ep_group = self.dp:split(math.floor(at / self.ep), at)
+      if nd > self.ep then self.ep_replicas = self.dp:split(at % self.ep, at) end
+    end
   end
   -- Transforms of the built model (TorchTitan's are TP, float8, AC, FSDP;
   -- of those, TP, AC and FSDP are built). TP splits materialized weights, so
@@ -385,6 +423,7 @@ function M.new(cfg, opts)
     self.cp_rotate = cfg.parallelism.context_parallel_rotate_method
     for i, m in ipairs(models) do self.cp_ctxs[i] = cp.apply(m, self.cp_group, { rotate_method = self.cp_rotate }) end
   end
+  if self.ep_group then self:spread_experts(model) end
   local init = function(names) family.init_weights(model, t.seed, names) end
   if self.pp > 1 then
     -- (each stage holds its blocks only; the names, hence the values, are the whole model's)
@@ -419,6 +458,7 @@ function M.new(cfg, opts)
     -- a rank never holds the whole model, not even at the start)
     model:to_empty(t.device, { params_storage = false })
   end
+  if self.ep_plan then self:expert_params() end
   if self.dp_shard > 1 then
     -- The shard groups are runs of dp_shard consecutive data-parallel ranks
     -- (the mesh is [dp_replicate, dp_shard, tp], as TorchTitan's); under HSDP
@@ -434,7 +474,8 @@ function M.new(cfg, opts)
     local fsdp = require("parallel.fsdp")
     -- (on nccl the gathers and reductions overlap computation; mpi's block, so there is nothing to gain)
     local opts = { replicate = rep, reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward, init = init,
-      overlap = self.dp:backend() == "nccl" and cfg.parallelism.fsdp_overlap }
+      overlap = self.dp:backend() == "nccl" and cfg.parallelism.fsdp_overlap,
+      keep = self.ep_plan and self.ep_plan.params } -- (each rank's experts stay whole: lua/parallel/ep.lua)
     if self.pipe then -- (each stage sharded on its own, over the same ranks: PP x FSDP)
       local each = {}
       for i, st in ipairs(self.pipe.stages) do
@@ -450,8 +491,8 @@ function M.new(cfg, opts)
   -- DDP on GPUs: each block's gradients summed during the backward, on the
   -- communication stream (lua/parallel/ddp.lua). (mpi's collectives block:
   -- nothing to overlap; TP and PP reduce their own way.)
-  if self.dp and not self.fsdp and not self.tp_plan and not self.pipe and self.dp:backend() == "nccl"
-    and cfg.parallelism.ddp_overlap then
+  if self.dp and not self.fsdp and not self.tp_plan and not self.pipe and not self.ep_plan
+    and self.dp:backend() == "nccl" and cfg.parallelism.ddp_overlap then
     self.ddp = require("parallel.ddp").attach(model, self.dp)
   end
   self.shard_of = M.compose_boxes(self.fsdp, self.tp_plan)
@@ -670,6 +711,32 @@ function Trainer:build_pipeline(family, model, build_meta)
   for _, np in ipairs(model:named_parameters()) do self.all_names[np[1]] = true end
 end
 
+-- Expert parallelism (lua/parallel/ep.lua): each rank keeps its share of
+-- every MoE layer's experts, dropped from the meta model before any memory.
+-- self.ep_plan: { group, replicas (nil: none), params (the set of this
+-- rank's expert parameters, once materialized: Trainer:expert_params),
+-- layers, local_experts, experts }.
+function Trainer:spread_experts(model)
+  if not self.all_names then -- (checkpoints: the names the whole job holds; this rank's are a part)
+    self.all_names = {}
+    for _, np in ipairs(model:named_parameters()) do self.all_names[np[1]] = true end
+  end
+  local ep = require("parallel.ep")
+  local models = { model }
+  if self.pipe then
+    models = {}
+    for i, st in ipairs(self.pipe.stages) do models[i] = st.model end
+  end
+  local plan = { group = self.ep_group, replicas = self.ep_replicas, layers = 0, plans = {} }
+  for _, m in ipairs(models) do
+    local p = ep.apply(m, self.ep_group)
+    plan.plans[#plan.plans + 1] = p
+    plan.layers = plan.layers + p.layers
+    plan.local_experts, plan.experts = p.local_experts or plan.local_experts, p.experts or plan.experts
+  end
+  self.ep_plan = plan
+end
+
 -- What a checkpoint holds: model, optimizer, data position, step, RNG.
 function Trainer:ckpt_state()
   return {
@@ -717,6 +784,13 @@ function Trainer:banner()
       and "ring attention (alltoall): keys and values passed around the cp ranks a rank's share at a time"
       or "keys and values all-gathered, their gradients reduce-scattered",
       self.fsdp and " (FSDP shards over both)" or ""))
+  end
+  if self.ep_plan then
+    local e = self.ep_plan
+    self.print(("expert parallel over %s: each group of %d data-parallel ranks shares the %d experts of each of %d "
+      .. "MoE layers, %d per rank; each layer sends the tokens to their experts' ranks and the outputs back%s")
+      :format(over, self.ep, e.experts, e.layers, e.local_experts, e.replicas and ("; the experts' gradients "
+      .. "summed over the %d ranks holding the same ones"):format(e.replicas:size()) or ""))
   end
   if self.tp_plan then
     self.print(("tensor parallel: %d ranks per replica split each block's heads and feed-forward units (%s); tps "
@@ -864,20 +938,44 @@ function Trainer:reduce_gradients(params, loss)
   return dp:sum_numbers({ loss })[1]
 end
 
+-- The gradients of the parameters of `params` in `set` summed over group,
+-- in one buffer (they share a dtype: the model's).
+local function all_reduce_grads_of(group, params, set)
+  local grads, n = {}, 0
+  for _, p in ipairs(params) do
+    if set[p] and p.grad then
+      grads[#grads + 1] = p.grad
+      n = n + p.grad:numel()
+    end
+  end
+  if n > 0 then all_reduce_packed(group, grads, n) end
+end
+
 -- Sequence parallelism: the norms' weights saw this rank's chunk of the
 -- tokens, so their gradients (or their FSDP shards') are summed over the
 -- tp ranks, in one buffer.
 function Trainer:reduce_partial_grads(params)
   local tpp, fsdp = self.tp_plan, self.fsdp
-  local partial = fsdp and fsdp:shards_of(tpp.partial) or tpp.partial
-  local grads, n = {}, 0
-  for _, p in ipairs(params) do
-    if partial[p] and p.grad then
-      grads[#grads + 1] = p.grad
-      n = n + p.grad:numel()
-    end
+  all_reduce_grads_of(tpp.group, params, fsdp and fsdp:shards_of(tpp.partial) or tpp.partial)
+end
+
+-- The set of this rank's expert parameters (after the model has memory:
+-- materializing puts new tensors in the modules).
+function Trainer:expert_params()
+  local set = {}
+  for _, p in ipairs(self.ep_plan.plans) do
+    for t in pairs(p:params()) do set[t] = true end
   end
-  if n > 0 then all_reduce_packed(tpp.group, grads, n) end
+  self.ep_plan.params = set
+  return set
+end
+
+-- Expert parallelism: the experts' gradients are the ep group's already
+-- (each expert ran every rank's rows for it); ranks holding the same
+-- experts in other ep groups sum theirs.
+function Trainer:reduce_expert_grads(params)
+  local plan = self.ep_plan
+  if plan.replicas then all_reduce_grads_of(plan.replicas, params, plan.params) end
 end
 
 -- The largest signal number any rank has pending (nil: none), so that all
@@ -906,8 +1004,16 @@ local function reduce(self, params, loss)
     end
     loss = self.dp:sum_numbers({ loss })[1]
   elseif self.dp then
-    loss = self:reduce_gradients(params, loss)
+    local dense = params
+    if self.ep_plan then -- (the experts' gradients are reduced their own way, below)
+      dense = {}
+      for _, p in ipairs(params) do
+        if not self.ep_plan.params[p] then dense[#dense + 1] = p end
+      end
+    end
+    loss = self:reduce_gradients(dense, loss)
   end
+  if self.ep_plan then self:reduce_expert_grads(params) end
   return loss
 end
 
@@ -979,22 +1085,24 @@ function Trainer:update(params)
   -- Where ranks hold shares of the gradients (FSDP, TP, PP) the squares are
   -- summed over the ranks first, on the device (sharded_norm_dev) as on the
   -- host (clip_grad_norm's sums below).
-  local fsdp, tpp, ppg = self.fsdp, self.tp_plan, self.pp_group
-  local whole = not (fsdp or tpp or ppg)
+  local fsdp, tpp, ppg, ep = self.fsdp, self.tp_plan, self.pp_group, self.ep_plan
+  local whole = not (fsdp or tpp or ppg or ep)
   if self.device_update or (self.device_update == nil and self.device ~= "cpu") then
     local norm = self:update_on_device(params, not whole)
     if norm then return norm end
   end
   local opts
-  if fsdp or tpp or ppg then
+  if not whole then
     -- The squares of the split weights' pieces are summed over the tp ranks
     -- and the whole weights counted once; then every rank's total over its
-    -- FSDP shard group (the replicas hold the same shares) and over the
+    -- FSDP shard group (the replicas hold the same shares), the experts'
+    -- over the ep group (each holds its own), and the sum over the
     -- pipeline's stages (each holds its own parameters).
-    opts = { sharded = self:tp_split_params(),
+    opts = { sharded = self:tp_split_params(), own = ep and ep.params,
       sum_squares = function(sq) return tpp and tpp.group:sum_numbers({ sq })[1] or sq end,
-      sum_total = function(x)
+      sum_total = function(x, own)
         if fsdp then x = fsdp:sum_over_shards(x) end
+        x = x + (ep and ep.group:sum_numbers({ own })[1] or own)
         if ppg then x = ppg:sum_numbers({ x })[1] end
         return x
       end }
@@ -1020,8 +1128,8 @@ end
 -- the same shares) and over the pipeline's stages. Into out (f64 {2}) as
 -- global_norm_dev_ writes it: {norm, clip coefficient}.
 function Trainer:sharded_norm_dev(params, max_norm, out)
-  local fsdp, tpp, ppg = self.fsdp, self.tp_plan, self.pp_group
-  local _, split, whole = optim.grads_by_share(params, self:tp_split_params())
+  local fsdp, tpp, ppg, ep = self.fsdp, self.tp_plan, self.pp_group, self.ep_plan
+  local _, split, whole, mine = optim.grads_by_share(params, self:tp_split_params(), ep and ep.params)
   memory.scope(function()
     local function squares(ts) -- f64 {1}: the sum of the squares of ts
       local nc = titan.zeros({ 2 }, { dtype = "float64", device = self.device })
@@ -1033,6 +1141,11 @@ function Trainer:sharded_norm_dev(params, max_norm, out)
     if tpp then tpp.group:all_reduce(total, "sum") end
     total = total + squares(whole)
     if fsdp then fsdp.group:all_reduce(total, "sum") end
+    if ep then -- (each rank of the ep group holds its own experts)
+      local own = squares(mine)
+      ep.group:all_reduce(own, "sum")
+      total = total + own
+    end
     if ppg then ppg:all_reduce(total, "sum") end
     ops.global_norm_dev_({ total:sqrt() }, max_norm, out)
   end)

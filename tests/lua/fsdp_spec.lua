@@ -199,6 +199,30 @@ describe("FSDP at world 1 (fake backend)", function()
     model:free()
   end)
 
+  -- (expert parallelism's experts: each rank keeps its own whole, lua/parallel/ep.lua)
+  it("keeps the parameters it is told to keep whole: initialized, never freed, listed, without a box", function()
+    local whole = llama.build(ARGS, { device = "cpu", seed = 3 })
+    local model = llama.build(ARGS, { device = "meta" })
+    model:to_empty("cpu", { params_storage = false })
+    local w2 = model.layers["1"].feed_forward.w2.weight
+    local sharded = fsdp.apply(model, dist.new_group({ backend = "fake", rank = 1, world = 4 }),
+      { init = function(names) llama.init_weights(model, 3, names) end, keep = { [w2] = true } })
+    local name = "layers.1.feed_forward.w2.weight"
+    assert.are.same(flat(whole.layers["1"].feed_forward.w2.weight), flat(w2)) -- initialized whole
+    assert.is_nil(sharded.shard_of(name)) -- (the checkpoint writes it whole)
+    local listed
+    for _, np in ipairs(sharded:named_parameters()) do
+      if np[1] == name then listed = np[2] end
+    end
+    assert.are.equal(w2, listed)
+    -- a forward without recording frees every unit's gathered parameters, not the kept one
+    local ids = ids_batch()
+    titan.no_grad(function() titan.scope(function() model(ids) end) end)
+    assert.is_true(w2:has_storage())
+    assert.is_false(model.layers["1"].feed_forward.w1.weight:has_storage())
+    ids:free(); sharded:free(); model:free(); whole:free()
+  end)
+
   it("a model without blocks is refused", function()
     local m = nn.Linear(4, 4)
     assert.truthy(err(function() fsdp.apply(m, dist.new_group({ backend = "fake", rank = 0, world = 1 })) end)

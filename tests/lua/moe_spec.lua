@@ -169,7 +169,7 @@ describe("llama3 debugmodel_moe", function()
       return pending("titan was built without Open MPI (libopenmpi-dev)")
     end
     sh.one_line(exe .. " --nproc 2 lua/recipes/llama3_debugmodel.lua --model.flavor=debugmodel_moe --training.steps=1 "
-      .. "--parallelism.tp=2", "the flavor's mixture-of-experts layers have no tensor-parallel plan (expert "
-      .. "parallelism is not built); expected parallelism.tp = 1")
+      .. "--parallelism.tp=2", "the flavor's mixture-of-experts layers have no tensor-parallel plan; "
+      .. "expected parallelism.tp = 1 (spread the experts over ranks with parallelism.expert_parallel_degree)")
   end)
 end)

@@ -63,7 +63,7 @@ end
 describe("mpi backend", function()
   it("every collective across 3 processes", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
-    sh.worker_ok("", exe, 3, 44)
+    sh.worker_ok("", exe, 3, 62)
   end)
 end)
 
@@ -482,21 +482,68 @@ describe("float8 over MPI", function()
 end)
 
 describe("mixture of experts over MPI", function()
-  it("FSDP 2, PP 2 and CP 2 (ring) train debugmodel_moe to one process's losses (the experts' counts summed "
-    .. "over the data-parallel and context-parallel ranks)", function()
+  local m = { "--model.flavor=debugmodel_moe" }
+  local one -- one process's 4 steps (run once)
+  local function moe_baseline()
+    if not one then
+      one = tmpdir()
+      run_ok(train_cmd(1, one, with(m, { "--training.local_batch_size=4", "--training.steps=4" })))
+    end
+    return losses(one)
+  end
+  local EP2 = "--parallelism.expert_parallel_degree=2"
+
+  it("FSDP 2, PP 2, CP 2 (ring), and expert parallelism over DDP 2 and over CP 2, train debugmodel_moe to one "
+    .. "process's losses (the experts' counts summed over the data-parallel and context-parallel ranks)", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
-    local m = { "--training.steps=3", "--model.flavor=debugmodel_moe" }
-    local one = tmpdir()
-    run_ok(train_cmd(1, one, with(m, { "--training.local_batch_size=4" })))
-    local a = losses(one)
+    local a = moe_baseline()
     for what, extra in pairs({ ["FSDP 2"] = { "--training.local_batch_size=2" },
       ["PP 2"] = { "--training.local_batch_size=4", "--parallelism.pp=2" },
       ["CP 2 ring"] = { "--training.local_batch_size=4", "--parallelism.cp=2",
-        "--parallelism.context_parallel_rotate_method=alltoall" } }) do
+        "--parallelism.context_parallel_rotate_method=alltoall" },
+      ["EP 2 x DDP 2"] = { "--training.local_batch_size=2", "--parallelism.dp_replicate=2",
+        "--parallelism.dp_shard=1", EP2 },
+      ["EP 2 over CP 2"] = { "--training.local_batch_size=4", "--parallelism.cp=2", EP2 } }) do
       local dump = tmpdir()
-      run_ok(train_cmd(2, dump, with(m, extra)))
+      local out = run_ok(train_cmd(2, dump, with(m, with(extra, { "--training.steps=3" }))))
       local b = losses(dump)
       for s = 1, 3 do close(a[s], b[s], s, "moe " .. what) end
+      if what:find("EP") then
+        assert.truthy(out:find("expert parallel over MPI: each group of 2 data-parallel ranks shares the 8 experts "
+          .. "of each of 6 MoE layers, 4 per rank", 1, true), out)
+      end
+    end
+  end)
+
+  it("expert parallelism: FSDP 4 x EP 2 (two ranks per expert) trains one process's losses; an FSDP 2 x EP 2 "
+    .. "checkpoint holds each expert once and resumes exactly on EP 2, and without expert parallelism", function()
+    if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
+    local a = moe_baseline()
+    local four = tmpdir()
+    local out = run_ok(train_cmd(4, four, with(m, { "--training.local_batch_size=1", "--training.steps=3", EP2 })))
+    assert.truthy(out:find("the experts' gradients summed over the 2 ranks holding the same ones", 1, true), out)
+    local b = losses(four)
+    for s = 1, 3 do close(a[s], b[s], s, "moe FSDP 4 x EP 2") end
+    local ck = with(m, { "--checkpoint.enable=true", "--checkpoint.interval=2", "--training.local_batch_size=2",
+      "--training.steps=4" })
+    local straight, resumed, whole = tmpdir(), tmpdir(), tmpdir()
+    run_ok(train_cmd(2, straight, with(ck, { EP2 })))
+    local meta = cjson.decode(assert(io.open(straight .. "/checkpoint/step-2/metadata.json")):read("*a"))
+    local e = meta.tensors["layers.0.moe.experts.5.w1.weight"]
+    assert.truthy(e, "expert 5 saved")
+    assert.are.equal(1, #e.chunks, cjson.encode(e)) -- whole, from the one rank holding it
+    for _, dump in ipairs({ resumed, whole }) do
+      assert.are.equal(0, select(2, sh.run(("mkdir -p %s/checkpoint && cp -r %s/checkpoint/step-2 %s/checkpoint/")
+        :format(dump, straight, dump))))
+    end
+    out = run_ok(train_cmd(2, resumed, with(ck, { EP2 })))
+    assert.truthy(out:find("resumed from step 2", 1, true), out)
+    run_ok(train_cmd(2, whole, ck))
+    local c, d, w = losses(straight), losses(resumed), losses(whole)
+    for s = 1, 4 do close(a[s], c[s], s, "moe FSDP 2 x EP 2") end
+    for s = 3, 4 do
+      assert.are.equal(c[s], d[s], "step " .. s) -- bit for bit
+      close(c[s], w[s], s, "EP 2 checkpoint resumed without EP")
     end
   end)
 end)
@@ -605,6 +652,18 @@ describe("launcher and layout errors", function()
     one_line(exe .. " " .. base .. "--parallelism.context_parallel_rotate_method=ring",
       "parallelism.context_parallel_rotate_method = 'ring'; expected allgather or alltoall")
     one_line(exe .. " " .. base .. "--parallelism.cp=0", "parallelism.cp = 0; expected a positive degree")
+    -- expert parallelism: a flavor with experts, a degree dividing them and the data-parallel ranks
+    local three = "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=3 "
+    one_line(two .. exe .. " " .. base .. "--parallelism.expert_parallel_degree=2",
+      "parallelism.expert_parallel_degree = 2, but llama3 debugmodel has no mixture-of-experts layers; expected 1, or "
+      .. "a flavor with experts")
+    one_line(exe .. " " .. base .. "--parallelism.expert_parallel_degree=0",
+      "parallelism.expert_parallel_degree = 0; expected a positive degree")
+    one_line(three .. exe .. " " .. base .. "--model.flavor=debugmodel_moe --parallelism.expert_parallel_degree=3",
+      "expert_parallel_degree = 3 does not divide the 8 experts of llama3 debugmodel_moe's MoE layers")
+    one_line(exe .. " " .. base .. "--model.flavor=debugmodel_moe --parallelism.expert_parallel_degree=2",
+      "the data-parallel ranks (dp_replicate x dp_shard x cp) are 1 x 1 x 1 = 1; expected a divisor of 1 (the experts "
+      .. "are spread over data-parallel ranks), or more ranks (titan --nproc N)")
   end)
 
   it("dist.env reads mpirun's and srun's variables and checks them", function()

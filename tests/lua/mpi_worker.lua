@@ -204,6 +204,57 @@ do
   print(("rank %d ok float8 group cast"):format(r))
 end
 
+-- Expert parallelism (lua/parallel/ep.lua): a mixture of experts of 2 n experts, 2 per rank, top 2,
+-- each rank routing its own rows: its outputs and input gradients are its rows of one layer run on
+-- every rank's rows, its experts' gradients those experts' whole ones, the router's summed over the
+-- ranks the whole one's. Then every row sent to expert 0 (a bias): the other ranks' experts get no
+-- rows, and the exchanges' backward still meets on every rank.
+do
+  local moe, ep, nn = require("models.moe"), require("parallel.ep"), titan.nn
+  local E, N, D = 2 * n, 5, 8
+  for _, case in ipairs({ "spread", "all to expert 0" }) do
+    local m = { num_experts = E, top_k = case == "spread" and 2 or 1, num_shared_experts = 1 }
+    titan.manual_seed(7)
+    local ref = moe.MoE(D, 16, m, { device = dev })
+    local wrap = nn.Module:extend("Wrap")()
+    wrap:child("moe", moe.MoE(D, 16, m, { device = dev }))
+    local plan = ep.apply(wrap, g)
+    assert(plan.local_experts == 2 and #wrap.moe.experts:named_children() == 2, "ep keeps 2 experts per rank")
+    titan.no_grad(function()
+      for _, np in ipairs(wrap.moe:named_parameters()) do np[2]:copy_(ref:state_dict().tensors[np[1]]) end
+      if case ~= "spread" then
+        for _, b in ipairs({ ref.expert_bias, wrap.moe.expert_bias }) do b:narrow(1, 1, 1):fill_(100) end
+      end
+    end)
+    local x = titan.randn({ n * N, D }, { seed = 41 }):to(dev)
+    local dout = titan.randn({ n * N, D }, { seed = 42 }):to(dev)
+    local xw = x:clone():requires_grad_()
+    ref(xw):mul(dout):sum():backward()
+    local xl = x:narrow(1, r * N + 1, N):contiguous():requires_grad_()
+    local yl = wrap.moe(xl)
+    yl:mul(dout:narrow(1, r * N + 1, N)):sum():backward()
+    local function rows(t) return t:narrow(1, r * N + 1, N):contiguous():to("cpu"):tolist_flat() end
+    local what = "ep " .. case
+    same(what .. " out", yl:detach():to("cpu"):tolist_flat(), rows(ref(x):detach()), 1e-5)
+    same(what .. " dx", xl.grad:to("cpu"):tolist_flat(), rows(xw.grad), 1e-5)
+    local router = wrap.moe.router.weight.grad:clone()
+    g:all_reduce(router, "sum")
+    same(what .. " router grad", router:to("cpu"):tolist_flat(), ref.router.weight.grad:to("cpu"):tolist_flat(), 1e-5)
+    for e = 2 * r, 2 * r + 1 do
+      for _, w in ipairs({ "w1", "w2", "w3" }) do
+        local mine, want = wrap.moe.experts[tostring(e)][w].weight.grad, ref.experts[tostring(e)][w].weight.grad
+        if want then
+          same(("%s expert %d %s grad"):format(what, e, w), mine:to("cpu"):tolist_flat(), want:to("cpu"):tolist_flat(),
+            1e-5)
+        else
+          assert(mine == nil or mine:abs():max():item() == 0, what .. ": an expert with no rows has a gradient")
+          print(("rank %d ok %s expert %d %s no rows"):format(r, what, e, w))
+        end
+      end
+    end
+  end
+end
+
 -- misuse: one clear line each
 local function fails(name, fn, pattern)
   local ok, err = pcall(fn)
