@@ -220,17 +220,15 @@ M.tp_plan = {
   output = "output",
   -- the embedding split by vocabulary rows (an untied flavor)
   embedding = "tok_embeddings",
+  -- a mixture-of-experts block's layer, in place of feed_forward: whole on every rank, on the tokens it holds
+  moe = "moe",
   -- each rank takes whole heads (and whole groups of query heads per kv head)
   check = function(a, tp)
-    if a.moe then
-      return "the flavor's mixture-of-experts layers have no tensor-parallel plan; expected parallelism.tp = 1 "
-        .. "(spread the experts over ranks with parallelism.expert_parallel_degree)"
-    end
     if a.n_kv_heads % tp ~= 0 then
       return ("n_kv_heads = %d is not a multiple of parallelism.tp = %d (each rank takes whole heads)")
         :format(a.n_kv_heads, tp)
     end
-    if a.ffn_hidden % tp ~= 0 then
+    if (not a.moe or a.moe_every > 1) and a.ffn_hidden % tp ~= 0 then
       return ("the feed-forward's %d hidden units are not a multiple of parallelism.tp = %d"):format(a.ffn_hidden, tp)
     end
   end,

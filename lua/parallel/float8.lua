@@ -137,7 +137,10 @@ local function forward8(self, x) return Linear8(x, self.weight, rawget(self, "fl
 -- Converts `model`'s Linear modules in place (their forward goes through
 -- fp8); returns the converted modules' names and the skipped ones' with why.
 -- opts.filter_fqns: names containing any of these strings stay (default { "output" });
--- opts.group: the tensor-parallel group (the scales then span every rank's shard).
+-- opts.group: the tensor-parallel group (the scales then span every rank's shard);
+-- opts.ungrouped(name): true for layers whose weights are whole on every rank and
+-- whose calls differ between ranks (a mixture of experts: an expert with no
+-- tokens on a rank does not run there), which scale by this rank's values alone.
 function M.apply(model, opts)
   opts = opts or {}
   local filter = opts.filter_fqns or { "output" }
@@ -158,7 +161,7 @@ function M.apply(model, opts)
       else
         rawset(mod, "forward", forward8)
         rawset(mod, "float8", true)
-        if opts.group then rawset(mod, "float8_group", opts.group) end
+        if opts.group and not (opts.ungrouped and opts.ungrouped(name)) then rawset(mod, "float8_group", opts.group) end
         done[#done + 1] = name
       end
     end

@@ -237,9 +237,12 @@ function Unit:reduce_grads()
         end
       end
     end
+    -- (every shard gets its reduced rows: a parameter this rank had no
+    -- gradient for, a mixture of experts' expert its tokens missed, may
+    -- have one from another rank; one no rank had gets zeros)
     local with_grad = {}
     for _, e in ipairs(self.params) do
-      if e.shard and e.full.grad then with_grad[#with_grad + 1] = e end
+      if e.shard then with_grad[#with_grad + 1] = e end
     end
     if f.overlap then
       local mine = memory.keep(tensor.empty({ math.max(S, 1) }, { dtype = self.dtype, device = self.device }))

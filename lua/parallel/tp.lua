@@ -28,9 +28,15 @@
 -- tokens each, so their gradients are partial sums over the tp ranks:
 -- plan.partial names them and the trainer sums them after the backward.
 --
+-- A mixture-of-experts layer (plan.moe) stays whole on every rank and
+-- runs on the tokens the rank holds (under SP its chunk: the experts then
+-- work as data parallelism over the tp ranks, their gradients summed with
+-- the norms'); its experts may be spread over the data-parallel ranks
+-- (lua/parallel/ep.lua).
+--
 -- The model family says what to split (a plan table: its regions, colwise
--- and rowwise linears, its sequence-parallel entry, exit and norms, and a
--- check of its sizes); this file knows no model.
+-- and rowwise linears, its sequence-parallel entry, exit and norms, its
+-- MoE layer, and a check of its sizes); this file knows no model.
 local autograd = require("titan.autograd")
 local memory = require("titan.memory")
 local tensor = require("titan.tensor")
@@ -247,21 +253,35 @@ function M.apply(model, group, plan, opts)
   for _, bname in ipairs(layers._children) do
     local block = layers[bname]
     local prefix = "layers." .. bname .. "."
+    -- A mixture-of-experts block (plan.moe names its layer, in place of a
+    -- region) runs it whole on every rank, on the tokens the rank holds:
+    -- under SP its chunk of the sequence (its weights' gradients are then
+    -- partial sums, like the norms'), without SP all of them (the same
+    -- values, the same gradients, on every rank).
+    local moe = plan.moe and rawget(block, plan.moe)
+    local function skipped(path) return moe and rawget(block, path:match("^[^.]+")) == nil end
+    if moe and sp then
+      for _, p in ipairs(moe:parameters()) do out.partial[p] = true end
+    end
     for dim, paths in ipairs({ plan.colwise, plan.rowwise }) do
       for _, path in ipairs(paths) do
+        if skipped(path) then goto next_path end
         local m = resolve(block, path)
         local name = prefix .. path .. ".weight"
         local gshape, off = split(m, name, dim, tp, rank, init)
         out.boxes[name] = { gshape, off }
         out.sharded[rawget(m, "weight")] = true
+        ::next_path::
       end
     end
     for _, path in ipairs(plan.regions) do
+      if skipped(path) then goto next_region end
       local m = resolve(block, path)
       local forward = m.forward
       rawset(m, "forward", function(self, x, ...)
         return outof(forward(self, into(x, group), ...), group)
       end)
+      ::next_region::
     end
     if sp then
       for _, path in ipairs(plan.sequence.norms) do out.partial[rawget(resolve(block, path), "weight")] = true end

@@ -490,8 +490,10 @@ function M.new(cfg, opts)
   end
   -- DDP on GPUs: each block's gradients summed during the backward, on the
   -- communication stream (lua/parallel/ddp.lua). (mpi's collectives block:
-  -- nothing to overlap; TP and PP reduce their own way.)
-  if self.dp and not self.fsdp and not self.tp_plan and not self.pipe and not self.ep_plan
+  -- nothing to overlap; TP and PP reduce their own way; a mixture of
+  -- experts' experts have gradients on some ranks only, which per-parameter
+  -- sums started by hooks cannot match up: the bucketed sum after the backward does.)
+  if self.dp and not self.fsdp and not self.tp_plan and not self.pipe and #require("models.moe").layers(model) == 0
     and self.dp:backend() == "nccl" and cfg.parallelism.ddp_overlap then
     self.ddp = require("parallel.ddp").attach(model, self.dp)
   end
@@ -536,6 +538,20 @@ function M.new(cfg, opts)
   self.loss_fn = cfg.loss_fn or M.loss_fn
   self.train_step = cfg.train_step or M.train_step
   self.moe_layers = require("models.moe").layers(self.model)
+  if #self.moe_layers > 0 then -- (the experts' parameters as the optimizer holds them: FSDP's shards)
+    self.expert_set = {}
+    for _, np in ipairs(named) do
+      if np[1]:find(".moe.experts.", 1, true) then self.expert_set[np[2]] = true end
+    end
+  end
+  -- The experts' token counts of a step are summed over the data-parallel
+  -- ranks, and under sequence parallelism over the tp ranks too (each
+  -- routed its chunk of the sequence; without it they routed the same tokens).
+  self.moe_counts = self.dp
+  if #self.moe_layers > 0 and self.tp_plan and self.sequence_parallel then
+    local dp, tp = self.dp, self.tp_group
+    self.moe_counts = { sum_numbers = function(_, c) return tp:sum_numbers(dp and dp:sum_numbers(c) or c) end }
+  end
   if t.cuda_graphs and #self.moe_layers > 0 then
     error("training.cuda_graphs: not with a mixture-of-experts flavor (its dispatch reads the routing on the host, "
       .. "which a captured graph cannot); expected false", 0)
@@ -671,8 +687,18 @@ function Trainer:convert(model)
   for f in (self.cfg.float8.filter_fqns .. ","):gmatch("%s*([^,]-)%s*,") do
     if f ~= "" then filter[#filter + 1] = f end
   end
-  -- (under TP each scale spans every rank's shard: one all-reduce of a number per cast)
-  local done, skipped = require("parallel.float8").apply(model, { filter_fqns = filter, group = self.tp_group })
+  -- (under TP each scale spans every rank's shard: one all-reduce of a number per cast; not in a
+  -- mixture of experts, whole on every rank, whose experts run only where they got tokens)
+  local moe = {}
+  for _, nl in ipairs(require("models.moe").layers(model)) do moe[#moe + 1] = nl[1] .. "." end
+  local function ungrouped(name)
+    for _, p in ipairs(moe) do
+      if name:sub(1, #p) == p then return true end
+    end
+    return false
+  end
+  local done, skipped = require("parallel.float8").apply(model, { filter_fqns = filter, group = self.tp_group,
+    ungrouped = ungrouped })
   self.float8 = self.float8 or { done = 0, skipped = {} }
   self.float8.done = self.float8.done + #done
   -- (named by pattern: layers.*.moe.router stands for one per block)
@@ -918,6 +944,21 @@ local function all_reduce_packed(group, ts, n)
   end)
 end
 
+-- A mixture of experts' expert that no token of this rank reached in the
+-- step has no gradient; it gets zeros (TorchTitan's experts are one stacked
+-- tensor, whose unused rows get zeros too), so every rank sums the same
+-- tensors over its groups, and one process steps the same parameters as
+-- several (AdamW moves an unused expert by its moments).
+function Trainer:fill_expert_grads(params)
+  local set = self.expert_set
+  if not set then return end
+  for _, p in ipairs(params) do
+    if set[p] and not p.grad then
+      p.grad = memory.keep(titan.zeros(p:shape(), { dtype = p:dtype(), device = p:device() }))
+    end
+  end
+end
+
 function Trainer:reduce_gradients(params, loss)
   local dp = self.dp
   local bucket_elems = math.floor(25 * 2 ^ 20 / 4)
@@ -991,6 +1032,7 @@ end
 -- Forward/backward, gradient reduction and the update of one step: the
 -- loss, the step's tokens and the gradient norm (or a function reading it).
 local function reduce(self, params, loss)
+  self:fill_expert_grads(params)
   if self.tp_plan and self.tp_plan.partial then self:reduce_partial_grads(params) end
   if self.pp_group then loss = self.pp_group:sum_numbers({ loss })[1] end -- (the last stage's)
   if self.fsdp then
@@ -1078,7 +1120,7 @@ function Trainer:update(params)
   -- log line's "moe load")
   local moe = require("models.moe")
   local load = 0
-  for _, l in ipairs(self.moe_layers) do load = load + moe.max_load(l[2]:update_bias(self.dp)) end
+  for _, l in ipairs(self.moe_layers) do load = load + moe.max_load(l[2]:update_bias(self.moe_counts)) end
   self.moe_load = #self.moe_layers > 0 and load / #self.moe_layers or nil
   -- device_update: nil = on for GPU devices; true forces it (specs run it
   -- on the CPU, whose backend has the same ops); false = the host path.

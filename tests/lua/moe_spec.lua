@@ -164,12 +164,24 @@ describe("llama3 debugmodel_moe", function()
       .. "--training.cuda_graphs=true", "training.cuda_graphs: not with a mixture-of-experts flavor")
   end)
 
-  it("refuses tensor parallelism in one line", function()
-    if not require("titan.dist").built("mpi") then
-      return pending("titan was built without Open MPI (libopenmpi-dev)")
+  -- (the losses against one process: tests/lua/mpi_spec.lua)
+  it("under tensor parallelism stays whole on every rank, its weights partial sums under sequence parallelism",
+    function()
+    local llama, tp = require("models.llama3"), require("parallel.tp")
+    local dist = require("titan.dist")
+    for _, sp in ipairs({ true, false }) do
+      local model = llama.build("debugmodel_moe", { device = "cpu", overrides = { n_layers = 2 } })
+      local plan = tp.apply(model, dist.new_group({ backend = "fake", rank = 1, world = 2 }), llama.tp_plan,
+        { sequence_parallel = sp })
+      local block = model.layers["0"]
+      assert.are.same({ 128, 256 }, block.attention.wq.weight:shape()) -- split: 8 of the 16 heads
+      local moe_params = block.moe:named_parameters()
+      for _, np in ipairs(moe_params) do
+        assert.is_nil(plan.sharded[np[2]], np[1])
+        assert.are.equal(sp or nil, plan.partial and plan.partial[np[2]], np[1])
+      end
+      assert.are.same({ 768, 256 }, block.moe.experts["3"].w1.weight:shape()) -- whole
+      model:free()
     end
-    sh.one_line(exe .. " --nproc 2 lua/recipes/llama3_debugmodel.lua --model.flavor=debugmodel_moe --training.steps=1 "
-      .. "--parallelism.tp=2", "the flavor's mixture-of-experts layers have no tensor-parallel plan; "
-      .. "expected parallelism.tp = 1 (spread the experts over ranks with parallelism.expert_parallel_degree)")
   end)
 end)

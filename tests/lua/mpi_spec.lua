@@ -493,16 +493,16 @@ describe("mixture of experts over MPI", function()
   end
   local EP2 = "--parallelism.expert_parallel_degree=2"
 
-  it("FSDP 2, PP 2, CP 2 (ring), and expert parallelism over DDP 2 and over CP 2, train debugmodel_moe to one "
-    .. "process's losses (the experts' counts summed over the data-parallel and context-parallel ranks)", function()
+  it("FSDP 2, PP 2, CP 2 (ring), TP 2 (sequence parallel) and expert parallelism over CP 2 train debugmodel_moe "
+    .. "to one process's losses (the experts' counts summed over the data-parallel, context-parallel and tp ranks)",
+    function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
     local a = moe_baseline()
     for what, extra in pairs({ ["FSDP 2"] = { "--training.local_batch_size=2" },
       ["PP 2"] = { "--training.local_batch_size=4", "--parallelism.pp=2" },
       ["CP 2 ring"] = { "--training.local_batch_size=4", "--parallelism.cp=2",
         "--parallelism.context_parallel_rotate_method=alltoall" },
-      ["EP 2 x DDP 2"] = { "--training.local_batch_size=2", "--parallelism.dp_replicate=2",
-        "--parallelism.dp_shard=1", EP2 },
+      ["TP 2"] = { "--training.local_batch_size=4", "--parallelism.tp=2" },
       ["EP 2 over CP 2"] = { "--training.local_batch_size=4", "--parallelism.cp=2", EP2 } }) do
       local dump = tmpdir()
       local out = run_ok(train_cmd(2, dump, with(m, with(extra, { "--training.steps=3" }))))
@@ -512,6 +512,27 @@ describe("mixture of experts over MPI", function()
         assert.truthy(out:find("expert parallel over MPI: each group of 2 data-parallel ranks shares the 8 experts "
           .. "of each of 6 MoE layers, 4 per rank", 1, true), out)
       end
+    end
+  end)
+
+  -- 8 tokens a rank for 8 experts: some rank's tokens miss some expert that another rank's reach (its gradient
+  -- is zeros there, never missing from a sum: DDP's buckets would not match up, FSDP would drop the other
+  -- rank's part); TP without sequence parallelism runs the layer on the same tokens on both ranks
+  it("with experts some ranks' tokens miss, DDP 2, FSDP 2 x EP 2 and TP 2 x EP 2 train one process's losses",
+    function()
+    if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
+    local sparse = with(m, { "--training.seq_len=8", "--training.steps=3" })
+    local base = tmpdir()
+    run_ok(train_cmd(1, base, with(sparse, { "--training.local_batch_size=2" })))
+    local a = losses(base)
+    for _, c in ipairs({ { "DDP 2", 2, { "--training.local_batch_size=1", "--parallelism.dp_replicate=2",
+      "--parallelism.dp_shard=1" } }, { "FSDP 2 x EP 2", 2, { "--training.local_batch_size=1", EP2 } },
+      { "TP 2 x EP 2", 4, { "--training.local_batch_size=1", "--parallelism.tp=2", EP2,
+        "--parallelism.sequence_parallel=false" } } }) do
+      local dump = tmpdir()
+      run_ok(train_cmd(c[2], dump, with(sparse, c[3])))
+      local b = losses(dump)
+      for s = 1, 3 do close(a[s], b[s], s, "moe " .. c[1]) end
     end
   end)
 
