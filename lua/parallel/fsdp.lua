@@ -129,7 +129,7 @@ end
 -- block's while this one computes): unshard() then waits and unpacks. A
 -- no-op when they are there or on their way, or without overlap.
 function Unit:prefetch()
-  if self.unsharded or self.gather or not self.fsdp.overlap then return end
+  if self.unsharded or self.gather or not self.fsdp.overlap or #self.params == 0 then return end
   local g = self.fsdp.group
   local all = memory.keep(tensor.empty({ g:size() * self.flat:numel() }, { dtype = self.dtype, device = self.device }))
   local _, work = g:all_gather_async(self.flat, all)
@@ -151,6 +151,10 @@ end
 -- prefetched one when there is one).
 function Unit:unshard()
   if self.unsharded then return end
+  if #self.params == 0 then -- (a root with no parameters of its own: opts.only)
+    self.unsharded = true
+    return
+  end
   local g, W, S = self.fsdp.group, self.fsdp.group:size(), self.S
   local pre = self.gather
   self.gather = nil
@@ -402,7 +406,7 @@ function FSDP:state_model()
         names[#names + 1] = np[1]
         tensors[np[1]] = np[2]
       end
-      for _, nb in ipairs(f.model:named_buffers()) do
+      for _, nb in ipairs(f.buffers and f.model:named_buffers() or {}) do
         names[#names + 1] = nb[1]
         tensors[nb[1]] = nb[2]
       end
@@ -508,6 +512,12 @@ end
 -- rank, neither gathered nor reduced (expert parallelism's experts: each
 -- rank holds its own); they are in named_parameters and the checkpoint as
 -- whole tensors, and their gradients are the caller's to reduce.
+-- opts.skip: a set of parameters this FSDP leaves alone (not listed: another
+-- one shards them); opts.only: shard only these (blocks without any get no
+-- unit). Expert parallelism with more data-parallel ranks than ep shards
+-- the experts over the ranks holding the same ones (TorchTitan's
+-- dp_shard_mod_ep) with an FSDP of its own: skip for one, only for the other.
+-- opts.buffers = false: state_model() lists the parameters only.
 function M.apply(model, group, opts)
   opts = opts or {}
   local policy = opts.reshard_after_forward or "default"
@@ -518,9 +528,11 @@ function M.apply(model, group, opts)
   if not layers then error("fsdp: the model has no `layers` (its blocks) to shard one by one", 0) end
   local self = setmetatable({ model = model, group = group, replicate = opts.replicate, units = {}, order = {},
     policy = policy, stats = { all_gathers = 0, reduce_scatters = 0, prefetches = 0 }, init = opts.init,
-    overlap = opts.overlap == true }, FSDP)
+    overlap = opts.overlap == true, buffers = opts.buffers ~= false }, FSDP)
   local in_block, by_name = {}, {}
   local keep, kept = opts.keep or {}, {}
+  local skip, only = opts.skip, opts.only
+  local function mine(p) return not (skip and skip[p]) and (not only or only[p]) end
   local names = layers._children
   for i, name in ipairs(names) do
     local block = layers[name]
@@ -529,25 +541,27 @@ function M.apply(model, group, opts)
     for _, np in ipairs(block:named_parameters()) do
       if keep[np[2]] then
         kept[#kept + 1] = { prefix .. np[1], np[2] }
-      else
+      elseif mine(np[2]) then
         params[#params + 1] = { prefix .. np[1], np[2] }
       end
       in_block[np[2]] = true
     end
-    local reshard = policy == "always" or (policy == "default" and i < #names)
-    local u = new_unit(self, prefix:sub(1, -2), params, reshard)
-    local before = self.units[#self.units]
-    if before then before.next, u.prev = u, before end
-    self.units[#self.units + 1] = u
-    for _, e in ipairs(u.params) do by_name[e.name] = e end
-    for _, m in ipairs({ "forward", "forward_parts" }) do
-      local fn = block[m]
-      if type(fn) == "function" then rawset(block, m, unit_method(u, fn)) end
+    if not only or #params > 0 then -- (a block with none of the only ones gets no unit)
+      local reshard = policy == "always" or (policy == "default" and i < #names)
+      local u = new_unit(self, prefix:sub(1, -2), params, reshard)
+      local before = self.units[#self.units]
+      if before then before.next, u.prev = u, before end
+      self.units[#self.units + 1] = u
+      for _, e in ipairs(u.params) do by_name[e.name] = e end
+      for _, m in ipairs({ "forward", "forward_parts" }) do
+        local fn = block[m]
+        if type(fn) == "function" then rawset(block, m, unit_method(u, fn)) end
+      end
     end
   end
   local rest = {}
   for _, np in ipairs(model:named_parameters()) do
-    if not in_block[np[2]] then rest[#rest + 1] = np end
+    if not in_block[np[2]] and mine(np[2]) then rest[#rest + 1] = np end
   end
   self.root = new_unit(self, "root", rest, false)
   self.units[#self.units + 1] = self.root
@@ -566,7 +580,7 @@ function M.apply(model, group, opts)
     end
   end
   if next(fresh) then self.init(fresh) end
-  for _, np in ipairs(model:named_parameters()) do self.order[#self.order + 1] = by_name[np[1]] end
+  for _, np in ipairs(model:named_parameters()) do self.order[#self.order + 1] = by_name[np[1]] end -- (nil: not ours)
   -- The root: unshard when the model's forward starts; the backward pass's
   -- first node arms the final callback.
   local forward, f = model.forward, self

@@ -474,17 +474,34 @@ function M.new(cfg, opts)
     local fsdp = require("parallel.fsdp")
     -- (on nccl the gathers and reductions overlap computation; mpi's block, so there is nothing to gain)
     local opts = { replicate = rep, reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward, init = init,
-      overlap = self.dp:backend() == "nccl" and cfg.parallelism.fsdp_overlap,
-      keep = self.ep_plan and self.ep_plan.params } -- (each rank's experts stay whole: lua/parallel/ep.lua)
+      overlap = self.dp:backend() == "nccl" and cfg.parallelism.fsdp_overlap }
+    -- Expert parallelism (lua/parallel/ep.lua): each rank's experts stay whole
+    -- when its ep group is all the data-parallel ranks; otherwise an FSDP of
+    -- their own shards them over the ranks holding the same experts (the
+    -- replicas: TorchTitan's dp_shard_mod_ep), which sums their gradients.
+    local ep = self.ep_plan
+    local experts = ep and ep.replicas and { reshard_after_forward = opts.reshard_after_forward, overlap = opts.overlap,
+      only = ep.params, buffers = false }
+    if ep then
+      if experts then opts.skip = ep.params else opts.keep = ep.params end
+    end
+    local models = { model }
     if self.pipe then -- (each stage sharded on its own, over the same ranks: PP x FSDP)
-      local each = {}
-      for i, st in ipairs(self.pipe.stages) do
-        opts.init = function(names) family.init_weights(st.model, t.seed, names) end
-        each[i] = fsdp.apply(st.model, shard, opts)
+      models = {}
+      for i, st in ipairs(self.pipe.stages) do models[i] = st.model end
+    end
+    local each = {}
+    for _, m in ipairs(models) do
+      opts.init = function(names) family.init_weights(m, t.seed, names) end
+      each[#each + 1] = fsdp.apply(m, shard, opts)
+      if experts then
+        experts.init = opts.init
+        each[#each + 1] = fsdp.apply(m, ep.replicas, experts)
       end
-      self.fsdp = fsdp.combine(each)
-    else
-      self.fsdp = fsdp.apply(model, shard, opts)
+    end
+    self.fsdp = fsdp.combine(each)
+    if experts then -- (the optimizer's and the gradient norm's expert parameters are now the shards)
+      ep.params, ep.sharded = self.fsdp:shards_of(ep.params), true
     end
     self.fsdp_overlap = opts.overlap
   end
@@ -815,7 +832,8 @@ function Trainer:banner()
     local e = self.ep_plan
     self.print(("expert parallel over %s: each group of %d data-parallel ranks shares the %d experts of each of %d "
       .. "MoE layers, %d per rank; each layer sends the tokens to their experts' ranks and the outputs back%s")
-      :format(over, self.ep, e.experts, e.layers, e.local_experts, e.replicas and ("; the experts' gradients "
+      :format(over, self.ep, e.experts, e.layers, e.local_experts, e.sharded and ("; FSDP shards them over the %d "
+      .. "ranks holding the same ones"):format(e.replicas:size()) or e.replicas and ("; the experts' gradients "
       .. "summed over the %d ranks holding the same ones"):format(e.replicas:size()) or ""))
   end
   if self.tp_plan then
@@ -1016,7 +1034,7 @@ end
 -- experts in other ep groups sum theirs.
 function Trainer:reduce_expert_grads(params)
   local plan = self.ep_plan
-  if plan.replicas then all_reduce_grads_of(plan.replicas, params, plan.params) end
+  if plan.replicas and not plan.sharded then all_reduce_grads_of(plan.replicas, params, plan.params) end
 end
 
 -- The largest signal number any rank has pending (nil: none), so that all
@@ -1144,7 +1162,11 @@ function Trainer:update(params)
       sum_squares = function(sq) return tpp and tpp.group:sum_numbers({ sq })[1] or sq end,
       sum_total = function(x, own)
         if fsdp then x = fsdp:sum_over_shards(x) end
-        x = x + (ep and ep.group:sum_numbers({ own })[1] or own)
+        if ep then -- (each rank of the ep group holds its own experts; FSDP's shards of them, their share)
+          own = ep.group:sum_numbers({ own })[1]
+          if ep.sharded then own = ep.replicas:sum_numbers({ own })[1] end
+        end
+        x = x + own
         if ppg then x = ppg:sum_numbers({ x })[1] end
         return x
       end }
@@ -1183,9 +1205,10 @@ function Trainer:sharded_norm_dev(params, max_norm, out)
     if tpp then tpp.group:all_reduce(total, "sum") end
     total = total + squares(whole)
     if fsdp then fsdp.group:all_reduce(total, "sum") end
-    if ep then -- (each rank of the ep group holds its own experts)
+    if ep then -- (each rank of the ep group holds its own experts; FSDP's shards of them, their share)
       local own = squares(mine)
       ep.group:all_reduce(own, "sum")
+      if ep.sharded then ep.replicas:all_reduce(own, "sum") end
       total = total + own
     end
     if ppg then ppg:all_reduce(total, "sum") end

@@ -482,8 +482,11 @@ describe("float8 over MPI", function()
 end)
 
 describe("mixture of experts over MPI", function()
-  local m = { "--model.flavor=debugmodel_moe" }
-  local one -- one process's 4 steps (run once)
+  -- 8 tokens a rank for 8 experts: some rank's tokens miss some expert that another rank's reach (its gradient
+  -- is zeros there, never missing from a sum: DDP's buckets would not match up, FSDP would drop the other
+  -- rank's part, without the zeros)
+  local m = { "--model.flavor=debugmodel_moe", "--training.seq_len=8" }
+  local one -- one process's 4 steps of 4 x 8 tokens (run once)
   local function moe_baseline()
     if not one then
       one = tmpdir()
@@ -493,78 +496,78 @@ describe("mixture of experts over MPI", function()
   end
   local EP2 = "--parallelism.expert_parallel_degree=2"
 
-  it("FSDP 2, PP 2, CP 2 (ring), TP 2 (sequence parallel) and expert parallelism over CP 2 train debugmodel_moe "
-    .. "to one process's losses (the experts' counts summed over the data-parallel, context-parallel and tp ranks)",
-    function()
+  it("DDP 2, FSDP 2, PP 2, CP 2 (ring), TP 2 (sequence parallel), expert parallelism over CP 2, TP 2 x EP 2 and "
+    .. "DDP 4 x EP 2 train debugmodel_moe to one process's losses (the experts' counts summed over the data-parallel, "
+    .. "context-parallel and tp ranks)", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
     local a = moe_baseline()
-    for what, extra in pairs({ ["FSDP 2"] = { "--training.local_batch_size=2" },
-      ["PP 2"] = { "--training.local_batch_size=4", "--parallelism.pp=2" },
-      ["CP 2 ring"] = { "--training.local_batch_size=4", "--parallelism.cp=2",
-        "--parallelism.context_parallel_rotate_method=alltoall" },
-      ["TP 2"] = { "--training.local_batch_size=4", "--parallelism.tp=2" },
-      ["EP 2 over CP 2"] = { "--training.local_batch_size=4", "--parallelism.cp=2", EP2 } }) do
+    local DDP_ = { "--parallelism.dp_shard=1" }
+    for _, c in ipairs({
+      { "DDP 2", 2, with(DDP_, { "--training.local_batch_size=2", "--parallelism.dp_replicate=2" }) },
+      { "FSDP 2", 2, { "--training.local_batch_size=2" } },
+      { "PP 2", 2, { "--training.local_batch_size=4", "--parallelism.pp=2" } },
+      { "CP 2 ring", 2, { "--training.local_batch_size=4", "--parallelism.cp=2",
+        "--parallelism.context_parallel_rotate_method=alltoall" } },
+      { "TP 2", 2, { "--training.local_batch_size=4", "--parallelism.tp=2" } },
+      { "EP 2 over CP 2", 2, { "--training.local_batch_size=4", "--parallelism.cp=2", EP2 } },
+      -- (without sequence parallelism the MoE layer runs on the same tokens on both tp ranks)
+      { "TP 2 x EP 2", 4, { "--training.local_batch_size=2", "--parallelism.tp=2", EP2,
+        "--parallelism.sequence_parallel=false" } },
+      { "DDP 4 x EP 2", 4, with(DDP_, { "--training.local_batch_size=1", "--parallelism.dp_replicate=4", EP2 }) },
+    }) do
       local dump = tmpdir()
-      local out = run_ok(train_cmd(2, dump, with(m, with(extra, { "--training.steps=3" }))))
+      local out = run_ok(train_cmd(c[2], dump, with(m, with(c[3], { "--training.steps=3" }))))
       local b = losses(dump)
-      for s = 1, 3 do close(a[s], b[s], s, "moe " .. what) end
-      if what:find("EP") then
+      for s = 1, 3 do close(a[s], b[s], s, "moe " .. c[1]) end
+      if c[1] == "EP 2 over CP 2" then
         assert.truthy(out:find("expert parallel over MPI: each group of 2 data-parallel ranks shares the 8 experts "
           .. "of each of 6 MoE layers, 4 per rank", 1, true), out)
+      end
+      if c[1] == "DDP 4 x EP 2" then
+        assert.truthy(out:find("the experts' gradients summed over the 2 ranks holding the same ones", 1, true), out)
       end
     end
   end)
 
-  -- 8 tokens a rank for 8 experts: some rank's tokens miss some expert that another rank's reach (its gradient
-  -- is zeros there, never missing from a sum: DDP's buckets would not match up, FSDP would drop the other
-  -- rank's part); TP without sequence parallelism runs the layer on the same tokens on both ranks
-  it("with experts some ranks' tokens miss, DDP 2, FSDP 2 x EP 2 and TP 2 x EP 2 train one process's losses",
-    function()
-    if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
-    local sparse = with(m, { "--training.seq_len=8", "--training.steps=3" })
-    local base = tmpdir()
-    run_ok(train_cmd(1, base, with(sparse, { "--training.local_batch_size=2" })))
-    local a = losses(base)
-    for _, c in ipairs({ { "DDP 2", 2, { "--training.local_batch_size=1", "--parallelism.dp_replicate=2",
-      "--parallelism.dp_shard=1" } }, { "FSDP 2 x EP 2", 2, { "--training.local_batch_size=1", EP2 } },
-      { "TP 2 x EP 2", 4, { "--training.local_batch_size=1", "--parallelism.tp=2", EP2,
-        "--parallelism.sequence_parallel=false" } } }) do
-      local dump = tmpdir()
-      run_ok(train_cmd(c[2], dump, with(sparse, c[3])))
-      local b = losses(dump)
-      for s = 1, 3 do close(a[s], b[s], s, "moe " .. c[1]) end
-    end
-  end)
-
-  it("expert parallelism: FSDP 4 x EP 2 (two ranks per expert) trains one process's losses; an FSDP 2 x EP 2 "
-    .. "checkpoint holds each expert once and resumes exactly on EP 2, and without expert parallelism", function()
+  it("expert parallelism: FSDP 4 x EP 2 (each expert sharded over the two ranks holding it) and FSDP 2 x EP 2 "
+    .. "(each rank's experts whole) train one process's losses; their checkpoints hold each expert once, and resume "
+    .. "exactly on EP 2 and without expert parallelism", function()
     if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
     local a = moe_baseline()
-    local four = tmpdir()
-    local out = run_ok(train_cmd(4, four, with(m, { "--training.local_batch_size=1", "--training.steps=3", EP2 })))
-    assert.truthy(out:find("the experts' gradients summed over the 2 ranks holding the same ones", 1, true), out)
-    local b = losses(four)
-    for s = 1, 3 do close(a[s], b[s], s, "moe FSDP 4 x EP 2") end
-    local ck = with(m, { "--checkpoint.enable=true", "--checkpoint.interval=2", "--training.local_batch_size=2",
-      "--training.steps=4" })
-    local straight, resumed, whole = tmpdir(), tmpdir(), tmpdir()
-    run_ok(train_cmd(2, straight, with(ck, { EP2 })))
-    local meta = cjson.decode(assert(io.open(straight .. "/checkpoint/step-2/metadata.json")):read("*a"))
-    local e = meta.tensors["layers.0.moe.experts.5.w1.weight"]
-    assert.truthy(e, "expert 5 saved")
-    assert.are.equal(1, #e.chunks, cjson.encode(e)) -- whole, from the one rank holding it
-    for _, dump in ipairs({ resumed, whole }) do
-      assert.are.equal(0, select(2, sh.run(("mkdir -p %s/checkpoint && cp -r %s/checkpoint/step-2 %s/checkpoint/")
-        :format(dump, straight, dump))))
+    local function expert5(dump) -- the chunks of one expert's weight in the step-2 checkpoint
+      local meta = cjson.decode(assert(io.open(dump .. "/checkpoint/step-2/metadata.json")):read("*a"))
+      return assert(meta.tensors["layers.0.moe.experts.5.w1.weight"], "expert 5 saved").chunks
     end
-    out = run_ok(train_cmd(2, resumed, with(ck, { EP2 })))
+    local function from_step2(src)
+      local dump = tmpdir()
+      assert.are.equal(0, select(2, sh.run(("mkdir -p %s/checkpoint && cp -r %s/checkpoint/step-2 %s/checkpoint/")
+        :format(dump, src, dump))))
+      return dump
+    end
+    local ck = with(m, { "--checkpoint.enable=true", "--checkpoint.interval=2", "--training.steps=4" })
+    -- 4 ranks: experts 4-7 on ranks 1 and 3, each holding half of their rows; resumed without EP
+    local four = tmpdir()
+    local out = run_ok(train_cmd(4, four, with(ck, { "--training.local_batch_size=1", EP2 })))
+    assert.truthy(out:find("FSDP shards them over the 2 ranks holding the same ones", 1, true), out)
+    local chunks = expert5(four)
+    assert.are.equal(2, #chunks, cjson.encode(chunks))
+    local four_dense = from_step2(four)
+    out = run_ok(train_cmd(4, four_dense, with(ck, { "--training.local_batch_size=1" })))
     assert.truthy(out:find("resumed from step 2", 1, true), out)
-    run_ok(train_cmd(2, whole, ck))
-    local c, d, w = losses(straight), losses(resumed), losses(whole)
-    for s = 1, 4 do close(a[s], c[s], s, "moe FSDP 2 x EP 2") end
+    -- 2 ranks: each rank's experts whole, written once; resumed on EP 2 bit for bit
+    local two = tmpdir()
+    run_ok(train_cmd(2, two, with(ck, { "--training.local_batch_size=2", EP2 })))
+    assert.are.equal(1, #expert5(two))
+    local two_again = from_step2(two)
+    run_ok(train_cmd(2, two_again, with(ck, { "--training.local_batch_size=2", EP2 })))
+    local b, c, d, e = losses(four), losses(four_dense), losses(two), losses(two_again)
+    for s = 1, 4 do
+      close(a[s], b[s], s, "moe FSDP 4 x EP 2")
+      close(a[s], d[s], s, "moe FSDP 2 x EP 2")
+    end
     for s = 3, 4 do
-      assert.are.equal(c[s], d[s], "step " .. s) -- bit for bit
-      close(c[s], w[s], s, "EP 2 checkpoint resumed without EP")
+      close(b[s], c[s], s, "FSDP 4 x EP 2 checkpoint resumed without EP")
+      assert.are.equal(d[s], e[s], "step " .. s) -- bit for bit
     end
   end)
 end)
