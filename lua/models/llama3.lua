@@ -281,27 +281,31 @@ end
 -- Apply the rules by name with the name-keyed RNG: the same weights for any
 -- layout, device or construction order. only: a set of names to initialize
 -- (FSDP initializes one block at a time); nil: all.
-function M.init_weights(model, seed, only)
-  local rules = M.init_rules(model.args)
-  for _, np in ipairs(model:named_parameters()) do
-    local name, p = np[1], np[2]
-    if only and not only[name] then goto continue end
-    local spec
-    for _, r in ipairs(rules) do
-      local cap = name:match(r[1])
-      if cap then
-        spec = r[2](cap)
-        break
-      end
+-- Parameter `name`'s initial values into t, which holds its elements from
+-- `offset` on (0: the whole parameter; FSDP's shard of rows r0..: r0 times
+-- the row's elements): the values a whole initialization gives them (each
+-- element draws from the counter-based RNG at its own place).
+function M.init_param(a, seed, name, t, offset)
+  local spec
+  for _, r in ipairs(M.init_rules(a)) do
+    local cap = name:match(r[1])
+    if cap then
+      spec = r[2](cap)
+      break
     end
-    if not spec then error("llama3: no init rule for parameter " .. name) end
-    local key = nn.name_key(seed, name)
-    titan.no_grad(function()
-      if spec[1] == "normal" then p:normal_(0, spec.std, key, 0)
-      elseif spec[1] == "ones" then p:fill_(1)
-      else p:trunc_normal_(0, spec.std, spec.a or -2, spec.b or 2, key, 0) end
-    end)
-    ::continue::
+  end
+  if not spec then error("llama3: no init rule for parameter " .. name) end
+  local key = nn.name_key(seed, name)
+  titan.no_grad(function()
+    if spec[1] == "normal" then t:normal_(0, spec.std, key, offset)
+    elseif spec[1] == "ones" then t:fill_(1)
+    else t:trunc_normal_(0, spec.std, spec.a or -2, spec.b or 2, key, offset) end
+  end)
+end
+
+function M.init_weights(model, seed, only)
+  for _, np in ipairs(model:named_parameters()) do
+    if not only or only[np[1]] then M.init_param(model.args, seed, np[1], np[2], 0) end
   end
   -- (MoE's expert_bias buffers start at 0; a model built on meta and materialized holds garbage)
   titan.no_grad(function()

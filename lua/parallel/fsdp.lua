@@ -94,15 +94,21 @@ local function new_unit(fsdp, name, params, reshard_after_forward)
     self.S = self.S + c * rs
   end
   self.dtype, self.device = dtype, device
-  local fresh = {}
+  -- Parameters without memory: with opts.init_shard each rank initializes
+  -- its rows alone (the full parameter never exists); with opts.init the
+  -- full one is materialized and initialized, and its rows copied.
+  local fresh, own_rows = {}, {}
   for _, e in ipairs(self.params) do
     if not e.full:has_storage() then
-      if not fsdp.init then
+      if fsdp.init_shard then
+        own_rows[e] = true
+      elseif not fsdp.init then
         error(("fsdp: %s has no memory; expected materialized parameters, or opts.init to initialize them")
           :format(e.name), 0)
+      else
+        e.full:alloc_storage()
+        fresh[e.name] = true
       end
-      e.full:alloc_storage()
-      fresh[e.name] = true
     end
   end
   if next(fresh) then fsdp.init(fresh) end
@@ -115,9 +121,13 @@ local function new_unit(fsdp, name, params, reshard_after_forward)
         e.shard = memory.keep(memory.scope(function()
           return self.flat:narrow(1, e.off + 1, e.rows * e.rs):reshape(sshape)
         end))
-        memory.scope(function()
-          e.shard:copy_(e.full:reshape(e.d0, e.rs):narrow(1, e.row0 + 1, e.rows):reshape(sshape))
-        end)
+        if own_rows[e] then
+          fsdp.init_shard(e.name, e.shard, e.row0 * e.rs)
+        else
+          memory.scope(function()
+            e.shard:copy_(e.full:reshape(e.d0, e.rs):narrow(1, e.row0 + 1, e.rows):reshape(sshape))
+          end)
+        end
       end
     end
   end)
@@ -508,7 +518,10 @@ end
 -- materialized and initialized (the same on every rank), or tensors without
 -- memory (model:to_empty(device, {params_storage = false})) and
 -- opts.init(names) initializes the named ones (a set) the same on every
--- rank, a unit at a time. opts.keep: a set of parameters left whole on this
+-- rank, a unit at a time; or opts.init_shard(name, shard, offset) fills
+-- each rank's rows alone (offset: the shard's first element in the whole
+-- parameter; a counter-based initialization gives the same values), so no
+-- rank materializes a full parameter (kept ones excepted). opts.keep: a set of parameters left whole on this
 -- rank, neither gathered nor reduced (expert parallelism's experts: each
 -- rank holds its own); they are in named_parameters and the checkpoint as
 -- whole tensors, and their gradients are the caller's to reduce.
@@ -528,6 +541,7 @@ function M.apply(model, group, opts)
   if not layers then error("fsdp: the model has no `layers` (its blocks) to shard one by one", 0) end
   local self = setmetatable({ model = model, group = group, replicate = opts.replicate, units = {}, order = {},
     policy = policy, stats = { all_gathers = 0, reduce_scatters = 0, prefetches = 0 }, init = opts.init,
+    init_shard = opts.init_shard,
     overlap = opts.overlap == true, buffers = opts.buffers ~= false }, FSDP)
   local in_block, by_name = {}, {}
   local keep, kept = opts.keep or {}, {}

@@ -490,14 +490,21 @@ function M.new(cfg, opts)
       models = {}
       for i, st in ipairs(self.pipe.stages) do models[i] = st.model end
     end
+    -- (a family with init_param initializes each rank's rows alone: no rank
+    -- computes or holds a whole parameter, even at the start)
+    local init_shard = family.init_param and function(name, sh, offset)
+      family.init_param(model.args, t.seed, name, sh, offset)
+    end
     local each = {}
     for _, m in ipairs(models) do
       opts.init = function(names) family.init_weights(m, t.seed, names) end
+      opts.init_shard = init_shard
       each[#each + 1] = fsdp.apply(m, shard, opts)
       if experts then
-        experts.init = opts.init
+        experts.init, experts.init_shard = opts.init, init_shard
         each[#each + 1] = fsdp.apply(m, ep.replicas, experts)
       end
+      family.init_weights(m, t.seed, {}) -- (the buffers: an empty set of parameters)
     end
     self.fsdp = fsdp.combine(each)
     if experts then -- (the optimizer's and the gradient norm's expert parameters are now the shards)
