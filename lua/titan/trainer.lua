@@ -906,6 +906,13 @@ function Trainer:validate()
   titan.no_grad(function()
     for _ = 1, self.cfg.validation.steps do
       local b = v:next()
+      -- (the data-parallel ranks stop together: their forwards meet in
+      -- collectives, FSDP's gathers and expert parallelism's exchanges, and a
+      -- recipe's data may end one rank's share a batch before another's)
+      if self.dp and self.dp:sum_numbers({ b and 0 or 1 })[1] > 0 then
+        if b then b.inputs:free(); b.targets:free() end
+        break
+      end
       if not b then break end
       if self.cp_group then M.cp_shard_batch(self, b) end
       if self.pipe then -- (the last stage adds; the sums go over the pipeline below)

@@ -529,6 +529,18 @@ describe("mixture of experts over MPI", function()
     end
   end)
 
+  -- (tests/lua/recipes/uneven_val.lua: rank 0's validation data ends after one batch, rank 1's after three;
+  -- rank 1 went on into the next batch's exchanges and waited there for ever)
+  it("the data-parallel ranks stop validating together when one rank's validation data ends first", function()
+    if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
+    local dump = tmpdir()
+    local cmd = train_cmd(2, dump, with(m, { "--training.local_batch_size=1", "--training.steps=1", EP2,
+      "--validation.enable=true", "--validation.freq=1", "--validation.steps=10" }))
+    cmd = cmd:gsub("lua/recipes/llama3_debugmodel.lua", "tests/lua/recipes/uneven_val.lua")
+    local out = run_ok("timeout 120 " .. cmd)
+    assert.truthy(out:find("validate: step +1 +loss: +[%d.]+ +%(16 tokens%)"), out) -- one batch of 8 on each rank
+  end)
+
   it("expert parallelism: FSDP 4 x EP 2 (each expert sharded over the two ranks holding it) and FSDP 2 x EP 2 "
     .. "(each rank's experts whole) train one process's losses; their checkpoints hold each expert once, and resume "
     .. "exactly on EP 2 and without expert parallelism", function()
