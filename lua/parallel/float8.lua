@@ -80,7 +80,9 @@ local function transposed(t) return t:t():contiguous() end
 
 local Linear8 = autograd.Function {
   name = "float8_linear",
-  forward = function(ctx, x, w, group)
+  -- kept: this output, kept from the forward by a per-op checkpointing
+  -- policy (a recomputation): the casts run again for the backward, the GEMM not
+  forward = function(ctx, x, w, group, kept)
     local shape = x:shape()
     local K, N = shape[#shape], w:size(1)
     local x2 = x:reshape(-1, K)
@@ -90,11 +92,12 @@ local Linear8 = autograd.Function {
     if x2 ~= x then x2:free() end
     local w8, sw = M.to_float8(w:contiguous(), "float8_e4m3fn", group)
     ctx.group = group
-    local y = M.matmul(x8, w8, sx, sw, x:dtype(), { fast_accum = true })
     -- (autograd is off inside a Function's forward: ask the tensors themselves)
     ctx.need_x, ctx.need_w = x.requires_grad == true, w.requires_grad == true
     ctx.x_dtype, ctx.w_dtype, ctx.shape = x:dtype(), w:dtype(), shape
     ctx:save_for_backward(x8, sx, w8, sw)
+    if kept then return kept end
+    local y = M.matmul(x8, w8, sx, sw, x:dtype(), { fast_accum = true })
     local out_shape = { unpack(shape) }
     out_shape[#out_shape] = N
     if #shape == 2 then return y end
@@ -124,7 +127,7 @@ local Linear8 = autograd.Function {
       g8t:free(); x8t:free()
     end
     g8:free(); sg:free()
-    return dx, dw, nil
+    return dx, dw, nil, nil
   end,
 }
 
@@ -132,7 +135,16 @@ local Linear8 = autograd.Function {
 -- tensor-parallel ranks when x, W or the gradient are split over them.
 function M.linear(x, w, group) return Linear8(x, w, group) end
 
-local function forward8(self, x) return Linear8(x, self.weight, rawget(self, "float8_group")) end
+-- A converted layer's forward. Under per-op activation checkpointing
+-- (selective "op": lua/parallel/ac.lua) it counts as a linear, as F.linear
+-- does: the policy may keep its output from the forward, and the
+-- recomputation then skips its GEMM.
+local function forward8(self, x)
+  local kept = autograd.sac_lookup("linear")
+  local y = Linear8(x, self.weight, rawget(self, "float8_group"), kept and kept[1])
+  if not kept then autograd.sac_store(y) end
+  return y
+end
 
 -- Converts `model`'s Linear modules in place (their forward goes through
 -- fp8); returns the converted modules' names and the skipped ones' with why.

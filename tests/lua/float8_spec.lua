@@ -192,6 +192,45 @@ describe("float8 Linear", function()
     end)
 end)
 
+describe("float8 under activation checkpointing", function()
+  -- (selective "op" keeps the attention's and every other linear's outputs: an fp8 linear counts as one)
+  it("full and per-op AC give the gradients of no AC; per op, the kept fp8 linears' GEMMs are not run again",
+    function()
+    local llama, ac, tiny = require("models.llama3"), require("parallel.ac"), dofile("tests/lua/tiny_llama.lua")
+    local gemms = 0
+    local matmul = f8.matmul
+    f8.matmul = function(...)
+      gemms = gemms + 1
+      return matmul(...)
+    end
+    local function run(mode, option)
+      local model = llama.build(tiny.ARGS, { device = "cpu", seed = 5 })
+      local done = f8.apply(model, {})
+      ac.apply(model, { mode = mode, selective_ac_option = option })
+      gemms = 0
+      local ids = tiny.ids_batch(3)
+      titan.scope(function() titan.F.cross_entropy(model(ids):reshape(-1, 96), ids:reshape(-1)):backward() end)
+      local grads = {}
+      for _, np in ipairs(model:named_parameters()) do grads[np[1]] = np[2].grad:tolist_flat() end
+      model:free(); ids:free()
+      return grads, gemms, #done
+    end
+    local ok, err = pcall(function()
+      local want, n0, linears = run("none")
+      assert.are.equal(3 * 7, linears) -- (the 96-row output layer is filtered)
+      assert.are.equal(3 * linears, n0) -- forward, dx, dW
+      local full, n_full = run("full")
+      local op, n_op = run("selective", "op")
+      assert.are.same(want, full)
+      assert.are.same(want, op)
+      assert.are.equal(n0 + linears, n_full) -- every forward GEMM again
+      assert.are.equal(n0 + linears - 3 * 4, n_op) -- the 1st, 3rd, 5th and 7th linear of each block kept
+    end)
+    f8.matmul = matmul
+    assert(ok, err)
+  end)
+end)
+
 describe("float8 training", function()
   local exe = "./build/titan"
   local function train(extra)
