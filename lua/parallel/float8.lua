@@ -81,8 +81,10 @@ local function transposed(t) return t:t():contiguous() end
 local Linear8 = autograd.Function {
   name = "float8_linear",
   -- kept: this output, kept from the forward by a per-op checkpointing
-  -- policy (a recomputation): the casts run again for the backward, the GEMM not
-  forward = function(ctx, x, w, group, kept)
+  -- policy (a recomputation): the casts run again for the backward, the GEMM
+  -- not. pre: { w8, scale_inv }, the weight FSDP gathered in fp8 (w is then
+  -- only where its gradient goes: it has no memory).
+  forward = function(ctx, x, w, group, kept, pre)
     local shape = x:shape()
     local K, N = shape[#shape], w:size(1)
     local x2 = x:reshape(-1, K)
@@ -90,7 +92,8 @@ local Linear8 = autograd.Function {
     local x8, sx = M.to_float8(xc, "float8_e4m3fn", group)
     if xc ~= x2 then xc:free() end
     if x2 ~= x then x2:free() end
-    local w8, sw = M.to_float8(w:contiguous(), "float8_e4m3fn", group)
+    local w8, sw
+    if pre then w8, sw = pre[1], pre[2] else w8, sw = M.to_float8(w:contiguous(), "float8_e4m3fn", group) end
     ctx.group = group
     -- (autograd is off inside a Function's forward: ask the tensors themselves)
     ctx.need_x, ctx.need_w = x.requires_grad == true, w.requires_grad == true
@@ -127,9 +130,38 @@ local Linear8 = autograd.Function {
       g8t:free(); x8t:free()
     end
     g8:free(); sg:free()
-    return dx, dw, nil, nil
+    return dx, dw, nil, nil, nil
   end,
 }
+
+-- The weights FSDP gathered in fp8, by parameter (weak keys): { w8, scale_inv }.
+M.gathered = setmetatable({}, { __mode = "k" })
+
+-- FSDP's opts.fp8 for the converted layers of `model` (materialized: the
+-- weights as the modules hold them now): their weights are cast per shard
+-- with the scale of the whole (the largest magnitude over every shard) and
+-- gathered in fp8, and the layers multiply with them (torchao's
+-- enable_fsdp_float8_all_gather: the same bits as casting the gathered weight).
+function M.fsdp_fp8(model)
+  local params = {}
+  for _, nm in ipairs(model:named_modules()) do
+    if rawget(nm[2], "float8") then params[rawget(nm[2], "weight")] = true end
+  end
+  return {
+    params = params, dtype = "float8_e4m3fn",
+    amax = function(t)
+      o1[0] = nil
+      check(C.tt_op_float8_amax(t._c, o1))
+      return tensor.wrap(o1[0])
+    end,
+    cast = function(t, amax)
+      o1[0], o2[0] = nil, nil
+      check(C.tt_op_to_float8(t._c, tensor.dtype_of("float8_e4m3fn"), amax._c, o1, o2))
+      return tensor.wrap(o1[0]), tensor.wrap(o2[0])
+    end,
+    publish = function(param, w8, scale_inv) M.gathered[param] = w8 and { w8, scale_inv } or nil end,
+  }
+end
 
 -- y = x W^T through fp8 (no bias: Llama's linears have none); group: the
 -- tensor-parallel ranks when x, W or the gradient are split over them.
@@ -141,7 +173,7 @@ function M.linear(x, w, group) return Linear8(x, w, group) end
 -- recomputation then skips its GEMM.
 local function forward8(self, x)
   local kept = autograd.sac_lookup("linear")
-  local y = Linear8(x, self.weight, rawget(self, "float8_group"), kept and kept[1])
+  local y = Linear8(x, self.weight, rawget(self, "float8_group"), kept and kept[1], M.gathered[self.weight])
   if not kept then autograd.sac_store(y) end
   return y
 end

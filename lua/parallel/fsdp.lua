@@ -76,7 +76,21 @@ local function new_unit(fsdp, name, params, reshard_after_forward)
   local self = setmetatable({ fsdp = fsdp, name = name, params = {}, S = 0, unsharded = true, phase = "idle",
     waiting = 0, reshard_after_forward = reshard_after_forward }, Unit)
   local dtype, device
+  -- (the weights gathered in fp8, opts.fp8, go last: the rest of the flat
+  -- buffer, [0, S_reg), is what the ordinary all-gather moves)
+  local fp8 = fsdp.fp8 and fsdp.fp8.params or {}
+  local ordered = {}
   for _, np in ipairs(params) do
+    if not fp8[np[2]] then ordered[#ordered + 1] = np end
+  end
+  local n_reg = #ordered
+  for _, np in ipairs(params) do
+    if fp8[np[2]] then ordered[#ordered + 1] = np end
+  end
+  params = ordered
+  self.S_fp8 = 0
+  for i, np in ipairs(params) do
+    if i == n_reg + 1 then self.S_reg = self.S end
     local full = np[2]
     local shape = full:shape()
     local d0 = #shape > 0 and shape[1] or 1
@@ -90,9 +104,14 @@ local function new_unit(fsdp, name, params, reshard_after_forward)
     dtype, device = full:dtype(), full:device()
     local e = { name = np[1], full = full, shape = shape, d0 = d0, rs = rs, c = c, off = self.S,
       rows = rows_of(d0, c, rank), row0 = rank * c }
+    if i > n_reg then
+      e.fp8, e.off8 = true, self.S_fp8
+      self.S_fp8 = self.S_fp8 + c * rs
+    end
     self.params[#self.params + 1] = e
     self.S = self.S + c * rs
   end
+  self.S_reg = self.S_reg or self.S
   self.dtype, self.device = dtype, device
   -- Parameters without memory: with opts.init_shard each rank initializes
   -- its rows alone (the full parameter never exists); with opts.init the
@@ -139,7 +158,7 @@ end
 -- block's while this one computes): unshard() then waits and unpacks. A
 -- no-op when they are there or on their way, or without overlap.
 function Unit:prefetch()
-  if self.unsharded or self.gather or not self.fsdp.overlap or #self.params == 0 then return end
+  if self.unsharded or self.gather or not self.fsdp.overlap or #self.params == 0 or self.S_fp8 > 0 then return end
   local g = self.fsdp.group
   local all = memory.keep(tensor.empty({ g:size() * self.flat:numel() }, { dtype = self.dtype, device = self.device }))
   local _, work = g:all_gather_async(self.flat, all)
@@ -168,15 +187,23 @@ function Unit:unshard()
   local g, W, S = self.fsdp.group, self.fsdp.group:size(), self.S
   local pre = self.gather
   self.gather = nil
+  if self.S_fp8 > 0 then -- (the ordinary part of the flat buffer only; its stride is S_reg)
+    S = self.S_reg
+    self:unshard_fp8()
+  end
   autograd.no_grad(memory.scope, function()
     local all
     if pre then
       pre.work:wait()
       all = pre.all
+    elseif S == 0 then
+      all = nil
     else
-      all = g:all_gather(self.flat)
+      all = g:all_gather(S == self.S and self.flat or self.flat:narrow(1, 1, S))
     end
+    if all then self.fsdp.stats.gathered_bytes = self.fsdp.stats.gathered_bytes + all:nbytes() end
     for _, e in ipairs(self.params) do
+      if e.fp8 then goto next_param end
       e.full:alloc_storage()
       local full2 = e.full:reshape(e.d0, e.rs)
       for r = 0, W - 1 do
@@ -185,6 +212,7 @@ function Unit:unshard()
           full2:narrow(1, r * e.c + 1, n):copy_(all:narrow(1, r * S + e.off + 1, n * e.rs):reshape(n, e.rs))
         end
       end
+      ::next_param::
     end
     if pre then pre.all:free() end
   end)
@@ -192,12 +220,67 @@ function Unit:unshard()
   self.fsdp.stats.all_gathers = self.fsdp.stats.all_gathers + 1
 end
 
+-- The weights gathered in fp8 (opts.fp8; torchao's FSDP float8 all-gather):
+-- each one's scale from the largest magnitude over every rank's shard (one
+-- all-reduce of a number per weight, in one tensor), each shard cast with
+-- it, and the fp8 bytes gathered (a quarter of f32's, half of bf16's): the
+-- same bits as casting the gathered full weight. The full fp8 weights go
+-- to opts.fp8.publish(param, w8, scale_inv) for the layers to multiply
+-- with (they never cast their weight then); the full parameters stay
+-- without memory, and their gradients arrive and are reduced as the others'.
+function Unit:unshard_fp8()
+  local f = self.fsdp
+  local g, W, cb = f.group, f.group:size(), f.fp8
+  local list = {}
+  for _, e in ipairs(self.params) do
+    if e.fp8 then list[#list + 1] = e end
+  end
+  autograd.no_grad(memory.scope, function()
+    local amax = tensor.zeros({ #list }, { dtype = "float32", device = self.device })
+    for i, e in ipairs(list) do
+      if e.shard then amax:narrow(1, i, 1):copy_(cb.amax(e.shard):reshape(1)) end
+    end
+    g:all_reduce(amax, "max")
+    local packed = tensor.zeros({ math.max(self.S_fp8, 1) }, { dtype = cb.dtype, device = self.device })
+    local scales = {}
+    for i, e in ipairs(list) do
+      local x = e.shard or tensor.empty({ 0 }, { dtype = self.dtype, device = self.device })
+      local x8, s = cb.cast(x:reshape(x:numel()), amax:narrow(1, i, 1))
+      if e.rows > 0 then packed:narrow(1, e.off8 + 1, e.rows * e.rs):copy_(x8) end
+      scales[i] = memory.keep(s)
+    end
+    local all = g:all_gather(packed)
+    f.stats.gathered_bytes = f.stats.gathered_bytes + all:nbytes()
+    for i, e in ipairs(list) do
+      local w8 = memory.keep(tensor.empty({ e.d0, e.rs }, { dtype = cb.dtype, device = self.device }))
+      for r = 0, W - 1 do
+        local n = rows_of(e.d0, e.c, r)
+        if n > 0 then
+          w8:narrow(1, r * e.c + 1, n):copy_(all:narrow(1, r * self.S_fp8 + e.off8 + 1, n * e.rs):reshape(n, e.rs))
+        end
+      end
+      local full = memory.keep(w8:view(e.shape))
+      w8:free()
+      e.w8, e.s8 = full, scales[i]
+      cb.publish(e.full, full, scales[i])
+    end
+  end)
+end
+
 -- The full parameters' memory goes back to the allocator (and a gather
--- on its way, if any).
+-- on its way, if any); the fp8 ones are released (a layer's backward that
+-- kept one keeps it).
 function Unit:reshard()
   self:drop_prefetch()
   if not self.unsharded then return end
-  for _, e in ipairs(self.params) do e.full:free_storage() end
+  for _, e in ipairs(self.params) do
+    e.full:free_storage()
+    if e.w8 then
+      self.fsdp.fp8.publish(e.full, nil)
+      e.w8:free(); e.s8:free()
+      e.w8, e.s8 = nil, nil
+    end
+  end
   self.unsharded = false
 end
 
@@ -531,6 +614,8 @@ end
 -- the experts over the ranks holding the same ones (TorchTitan's
 -- dp_shard_mod_ep) with an FSDP of its own: skip for one, only for the other.
 -- opts.buffers = false: state_model() lists the parameters only.
+-- opts.fp8 = { params = set, dtype, amax(t), cast(t, amax), publish(param,
+-- w8, scale_inv) }: those weights are gathered in fp8 (Unit:unshard_fp8).
 function M.apply(model, group, opts)
   opts = opts or {}
   local policy = opts.reshard_after_forward or "default"
@@ -540,8 +625,9 @@ function M.apply(model, group, opts)
   local layers = rawget(model, "layers")
   if not layers then error("fsdp: the model has no `layers` (its blocks) to shard one by one", 0) end
   local self = setmetatable({ model = model, group = group, replicate = opts.replicate, units = {}, order = {},
-    policy = policy, stats = { all_gathers = 0, reduce_scatters = 0, prefetches = 0 }, init = opts.init,
-    init_shard = opts.init_shard,
+    policy = policy, stats = { all_gathers = 0, reduce_scatters = 0, prefetches = 0, gathered_bytes = 0 },
+    init = opts.init,
+    init_shard = opts.init_shard, fp8 = opts.fp8,
     overlap = opts.overlap == true, buffers = opts.buffers ~= false }, FSDP)
   local in_block, by_name = {}, {}
   local keep, kept = opts.keep or {}, {}

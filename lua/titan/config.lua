@@ -108,7 +108,7 @@ M.defaults = {
   float8 = {
     recipe_name = "tensorwise",           -- dynamic scaling, one scale per tensor (the one recipe built)
     filter_fqns = "output",               -- comma-separated: Linear layers whose names contain one stay in bf16
-    enable_fsdp_float8_all_gather = false, -- FSDP gathers the weights in fp8 (not built)
+    enable_fsdp_float8_all_gather = false, -- FSDP gathers the converted weights in fp8
   },
   debug = {
     deterministic = false,  -- same seed, same bits on a GPU (cuDNN attention: deterministic engines only)
@@ -136,7 +136,8 @@ M.descriptions = {
   ["model.converters"] = "comma-separated transforms of the built model: float8 (its Linear layers multiply in fp8)",
   ["float8.recipe_name"] = "tensorwise: each GEMM operand scaled by one factor from its largest magnitude (dynamic)",
   ["float8.filter_fqns"] = "comma-separated: Linear layers whose names contain one of these stay unconverted",
-  ["float8.enable_fsdp_float8_all_gather"] = "FSDP all-gathers the weights in fp8 (not built: false only)",
+  ["float8.enable_fsdp_float8_all_gather"] =
+    "FSDP all-gathers the converted weights in fp8, cast per shard with the whole weight's scale (same bits)",
   ["model.tokenizer"] = "tokenizer.json or tiktoken ranks file (relative: working dir, else source tree)",
   ["optimizer.name"] = "AdamW (the only one)",
   ["optimizer.lr"] = "peak learning rate",
@@ -472,8 +473,8 @@ function M.validate(cfg)
   end
   need(require("parallel.float8").recipes[cfg.float8.recipe_name], ("float8.recipe_name = '%s'; expected tensorwise "
     .. "(the one built)"):format(tostring(cfg.float8.recipe_name)))
-  need(not cfg.float8.enable_fsdp_float8_all_gather, "float8.enable_fsdp_float8_all_gather = true: not built; "
-    .. "expected false (FSDP gathers the weights in the compute dtype and each layer casts them)")
+  need(not cfg.float8.enable_fsdp_float8_all_gather or conv.float8, "float8.enable_fsdp_float8_all_gather = true "
+    .. "without model.converters = float8; expected the converter too (there is nothing to gather in fp8)")
   need(not conv.float8 or cfg.training.mixed_precision_param ~= "float64", "model.converters = float8 with "
     .. "training.mixed_precision_param = float64; expected float32 or bfloat16")
   local par = cfg.parallelism

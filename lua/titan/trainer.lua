@@ -344,6 +344,16 @@ function M.new(cfg, opts)
   end
   if self.pp > 1 then self:plan_pipeline(family, model) end
   self.ep = M.check_expert_parallel(self, cfg, model)
+  if cfg.float8.enable_fsdp_float8_all_gather then
+    if self.dp_shard * (self.dp_shard > 1 and self.cp or 1) <= 1 then
+      error(("trainer: float8.enable_fsdp_float8_all_gather = true, but FSDP does not shard this job's weights (%s); "
+        .. "expected parallelism.dp_shard > 1"):format(self.world == 1 and "one rank" or "dp_shard = 1"), 0)
+    end
+    if self.tp > 1 then
+      error("trainer: float8.enable_fsdp_float8_all_gather = true with parallelism.tp > 1: not built (a split "
+        .. "weight's scale spans the tp ranks too); expected false, or tp = 1", 0)
+    end
+  end
   local bytes_per = ({ float32 = 4, float64 = 8, bfloat16 = 2 })[t.mixed_precision_param] or 4
   -- weights + gradients + two f32 AdamW moments (+ f32 master weights under bf16)
   local need = nparams * (2 * bytes_per + 8 + (bytes_per < 4 and 4 or 0))
@@ -499,6 +509,8 @@ function M.new(cfg, opts)
     for _, m in ipairs(models) do
       opts.init = function(names) family.init_weights(m, t.seed, names) end
       opts.init_shard = init_shard
+      -- (the converted layers' weights gathered in fp8: lua/parallel/float8.lua)
+      opts.fp8 = cfg.float8.enable_fsdp_float8_all_gather and require("parallel.float8").fsdp_fp8(m) or nil
       each[#each + 1] = fsdp.apply(m, shard, opts)
       if experts then
         experts.init, experts.init_shard = opts.init, init_shard
@@ -872,7 +884,9 @@ function Trainer:banner()
   if self.float8 then
     local f = self.float8
     self.print(("float8: %d Linear layers multiply in fp8 (tensorwise dynamic scaling: e4m3 forward, e5m2 "
-      .. "gradients)%s%s"):format(f.done, #f.skipped > 0 and "; unconverted: " .. M.counted(f.skipped) or "",
+      .. "gradients)%s%s%s"):format(f.done, #f.skipped > 0 and "; unconverted: " .. M.counted(f.skipped) or "",
+      self.cfg.float8.enable_fsdp_float8_all_gather and "; FSDP gathers the converted weights in fp8, each shard "
+      .. "cast with the whole weight's scale" or "",
       t.device == "cpu" and "; on the CPU the fp8 values are widened to f32 (the numerics, not the speed)" or ""))
   end
   if self.ac_blocks > 0 then

@@ -260,8 +260,11 @@ describe("float8 training", function()
     sh.one_line(base .. "--model.converters=float9", "model.converters: 'float9'; expected float8 (comma-separated)")
     sh.one_line(base .. "--model.converters=float8 --float8.recipe_name=rowwise",
       "float8.recipe_name = 'rowwise'; expected tensorwise (the one built)")
+    sh.one_line(base .. "--float8.enable_fsdp_float8_all_gather=true",
+      "float8.enable_fsdp_float8_all_gather = true without model.converters = float8; expected the converter too")
     sh.one_line(base .. "--model.converters=float8 --float8.enable_fsdp_float8_all_gather=true",
-      "float8.enable_fsdp_float8_all_gather = true: not built; expected false")
+      "float8.enable_fsdp_float8_all_gather = true, but FSDP does not shard this job's weights (one rank); expected "
+      .. "parallelism.dp_shard > 1")
     sh.one_line(base .. "--model.converters=float8 --training.mixed_precision_param=float64",
       "model.converters = float8 with training.mixed_precision_param = float64; expected float32 or bfloat16")
   end)

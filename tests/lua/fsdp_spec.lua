@@ -231,6 +231,34 @@ describe("FSDP at world 1 (fake backend)", function()
     ids:free(); sharded:free(); model:free(); whole:free()
   end)
 
+  -- (float8.enable_fsdp_float8_all_gather; across real ranks: mpi_spec)
+  it("gathers float8 layers' weights in fp8: the gradients of gathering them whole, a fraction of the bytes",
+    function()
+    local f8 = require("parallel.float8")
+    local function run(fp8, world)
+      local model = llama.build(ARGS, { device = "cpu", seed = 3 })
+      f8.apply(model, {})
+      local sharded = fsdp.apply(model, dist.new_group({ backend = "fake", rank = 0, world = world }),
+        { fp8 = fp8 and f8.fsdp_fp8(model) or nil })
+      local ids = ids_batch()
+      titan.scope(function() titan.F.cross_entropy(model(ids):reshape(-1, 96), ids:reshape(-1)):backward() end)
+      local out = {}
+      for _, np in ipairs(sharded:named_parameters()) do out[np[1]] = flat(np[2].grad) end
+      assert.is_nil(next(f8.gathered), "an fp8 weight left published after the backward")
+      ids:free()
+      return out, sharded.stats.gathered_bytes, function() sharded:free(); model:free() end
+    end
+    for _, world in ipairs({ 1, 4 }) do
+      local want, bytes, free1 = run(false, world)
+      local got, bytes8, free2 = run(true, world)
+      assert.are.same(want, got)
+      -- the 21 converted weights (92% of the parameters) at 1 byte instead of 4: 0.29 of the bytes
+      assert.truthy(bytes8 < 0.45 * bytes, ("world %d: %d bytes gathered in fp8, %d without"):format(world, bytes8,
+        bytes))
+      free1(); free2()
+    end
+  end)
+
   it("a model without blocks is refused", function()
     local m = nn.Linear(4, 4)
     assert.truthy(err(function() fsdp.apply(m, dist.new_group({ backend = "fake", rank = 0, world = 1 })) end)

@@ -447,19 +447,24 @@ describe("context parallelism over MPI", function()
 end)
 
 describe("float8 over MPI", function()
-  it("FSDP 2 trains float8 linears to one process's float8 curve, within the ranks' own activation scales",
-    function()
+  it("FSDP 2 trains float8 linears to one process's float8 curve, within the ranks' own activation scales; "
+    .. "gathering the weights in fp8 gives the same bits", function()
       if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
       -- (tensorwise scaling takes each rank's activations' own largest value, as TorchTitan's: not bit for bit)
       local f8 = { "--training.steps=3", "--model.converters=float8" }
-      local one, two = tmpdir(), tmpdir()
+      local one, two, two8 = tmpdir(), tmpdir(), tmpdir()
       run_ok(train_cmd(1, one, with(f8, { "--training.local_batch_size=4" })))
       local out = run_ok(train_cmd(2, two, with(f8, { "--training.local_batch_size=2" })))
       assert.truthy(out:find("FSDP over 2 shards", 1, true), out)
       assert.truthy(out:find("float8: 42 Linear layers multiply in fp8", 1, true), out)
-      local a, b = losses(one), losses(two)
+      -- each shard cast with the whole weight's scale: the bits of casting the gathered weight
+      out = run_ok(train_cmd(2, two8, with(f8, { "--training.local_batch_size=2",
+        "--float8.enable_fsdp_float8_all_gather=true" })))
+      assert.truthy(out:find("FSDP gathers the converted weights in fp8", 1, true), out)
+      local a, b, c = losses(one), losses(two), losses(two8)
       for s = 1, 3 do
         assert.is_true(math.abs(a[s] - b[s]) <= 2e-3, ("step %d: %.6f vs %.6f"):format(s, a[s], b[s]))
+        assert.are.equal(b[s], c[s], "fp8 all-gather, step " .. s)
       end
     end)
 
