@@ -789,12 +789,14 @@ function Trainer:spread_experts(model)
     models = {}
     for i, st in ipairs(self.pipe.stages) do models[i] = st.model end
   end
-  local plan = { group = self.ep_group, replicas = self.ep_replicas, layers = 0, plans = {} }
+  -- (the counts for the banner from the whole model: a pipeline stage may hold no MoE layer)
+  local E = require("models.moe").layers(model)[1][2].m.num_experts
+  local plan = { group = self.ep_group, replicas = self.ep_replicas, layers = 0, plans = {}, experts = E,
+    local_experts = E / self.ep }
   for _, m in ipairs(models) do
     local p = ep.apply(m, self.ep_group)
     plan.plans[#plan.plans + 1] = p
     plan.layers = plan.layers + p.layers
-    plan.local_experts, plan.experts = p.local_experts or plan.local_experts, p.experts or plan.experts
   end
   self.ep_plan = plan
 end
