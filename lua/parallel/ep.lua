@@ -35,8 +35,10 @@
 -- Gradients: each rank's loss is its share of the global mean, so an
 -- expert's gradient from the rows of every rank of its group is already the
 -- group's sum; ranks holding the same experts (other ep groups, when ep is
--- smaller than the data-parallel ranks) sum theirs (the trainer, over
--- plan.replicas). FSDP leaves these parameters whole (fsdp.apply's keep).
+-- smaller than the data-parallel ranks) sum theirs: the trainer's FSDP of
+-- the experts shards them over those ranks (its reduce-scatter is the sum),
+-- or, without FSDP, an all-reduce; with no such ranks FSDP leaves them whole
+-- (fsdp.apply's keep).
 local titan = require("titan")
 local autograd = require("titan.autograd")
 local memory = require("titan.memory")

@@ -315,9 +315,14 @@ end
 -- started: finish_reduce completes it.
 function Unit:reduce_grads()
   self:finish_reduce() -- (a second backward before the final callback: the first one's in order)
+  if #self.params == 0 then return end -- (a root with no parameters of its own: opts.only)
   local any = false
   for _, e in ipairs(self.params) do any = any or e.full.grad ~= nil end
-  if not any then return end
+  -- (a unit the backward reached reduces even without a gradient here: every
+  -- rank's backward reaches it, and another rank may have some (the experts
+  -- an expert-parallel rank's tokens all missed); one the backward did not
+  -- reach, on no rank, has nothing to reduce)
+  if not any and self.phase ~= "backward" then return end
   local f = self.fsdp
   local W, S = f.group:size(), self.S
   autograd.no_grad(memory.scope, function()

@@ -265,6 +265,11 @@ describe("float8 training", function()
     sh.one_line(base .. "--model.converters=float8 --float8.enable_fsdp_float8_all_gather=true",
       "float8.enable_fsdp_float8_all_gather = true, but FSDP does not shard this job's weights (one rank); expected "
       .. "parallelism.dp_shard > 1")
+    -- (checked before any process group: the launcher's variables alone)
+    sh.one_line("OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4 " .. base .. "--model.converters=float8 "
+      .. "--float8.enable_fsdp_float8_all_gather=true --parallelism.tp=2", "float8.enable_fsdp_float8_all_gather = "
+      .. "true with parallelism.tp > 1: not built (a split weight's scale spans the tp ranks too); expected false, or "
+      .. "tp = 1")
     sh.one_line(base .. "--model.converters=float8 --training.mixed_precision_param=float64",
       "model.converters = float8 with training.mixed_precision_param = float64; expected float32 or bfloat16")
   end)

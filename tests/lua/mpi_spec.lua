@@ -534,6 +534,19 @@ describe("mixture of experts over MPI", function()
     end
   end)
 
+  -- 2 tokens a rank: in some block no token of an ep group reaches a rank's 4 experts, while the ranks
+  -- holding the same experts in the other group got some; the experts' FSDP (sharded over those two ranks)
+  -- must reduce there all the same (it waited for ever)
+  it("FSDP 4 x EP 2 with 2 tokens a rank trains one process's losses", function()
+    if not mpi then return pending("titan was built without Open MPI (libopenmpi-dev)") end
+    local tiny = with(m, { "--training.seq_len=2", "--training.steps=3" })
+    local base, four = tmpdir(), tmpdir()
+    run_ok(train_cmd(1, base, with(tiny, { "--training.local_batch_size=4" })))
+    run_ok("timeout 120 " .. train_cmd(4, four, with(tiny, { "--training.local_batch_size=1", EP2 })))
+    local a, b = losses(base), losses(four)
+    for s = 1, 3 do close(a[s], b[s], s, "moe FSDP 4 x EP 2, 2 tokens a rank") end
+  end)
+
   -- (tests/lua/recipes/uneven_val.lua: rank 0's validation data ends after one batch, rank 1's after three;
   -- rank 1 went on into the next batch's exchanges and waited there for ever)
   it("the data-parallel ranks stop validating together when one rank's validation data ends first", function()
