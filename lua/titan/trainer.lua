@@ -425,11 +425,7 @@ function M.new(cfg, opts)
   if self.cp_group then -- (their local RoPE tables are freed by close)
     local cp = require("parallel.cp")
     self.cp_ctxs = {}
-    local models = { model }
-    if self.pipe then
-      models = {}
-      for i, st in ipairs(self.pipe.stages) do models[i] = st.model end
-    end
+    local models = self:models_of(model)
     self.cp_rotate = cfg.parallelism.context_parallel_rotate_method
     for i, m in ipairs(models) do self.cp_ctxs[i] = cp.apply(m, self.cp_group, { rotate_method = self.cp_rotate }) end
   end
@@ -495,11 +491,7 @@ function M.new(cfg, opts)
     if ep then
       if experts then opts.skip = ep.params else opts.keep = ep.params end
     end
-    local models = { model }
-    if self.pipe then -- (each stage sharded on its own, over the same ranks: PP x FSDP)
-      models = {}
-      for i, st in ipairs(self.pipe.stages) do models[i] = st.model end
-    end
+    local models = self:models_of(model) -- (under PP each stage sharded on its own, over the same ranks)
     -- (a family with init_param initializes each rank's rows alone: no rank
     -- computes or holds a whole parameter, even at the start)
     local init_shard = family.init_param and function(name, sh, offset)
@@ -773,6 +765,14 @@ function Trainer:build_pipeline(family, model, build_meta)
   for _, np in ipairs(model:named_parameters()) do self.all_names[np[1]] = true end
 end
 
+-- The models this rank runs: its pipeline stages, or the model.
+function Trainer:models_of(model)
+  if not self.pipe then return { model } end
+  local out = {}
+  for i, st in ipairs(self.pipe.stages) do out[i] = st.model end
+  return out
+end
+
 -- Expert parallelism (lua/parallel/ep.lua): each rank keeps its share of
 -- every MoE layer's experts, dropped from the meta model before any memory.
 -- self.ep_plan: { group, replicas (nil: none), params (the set of this
@@ -784,11 +784,7 @@ function Trainer:spread_experts(model)
     for _, np in ipairs(model:named_parameters()) do self.all_names[np[1]] = true end
   end
   local ep = require("parallel.ep")
-  local models = { model }
-  if self.pipe then
-    models = {}
-    for i, st in ipairs(self.pipe.stages) do models[i] = st.model end
-  end
+  local models = self:models_of(model)
   -- (the counts for the banner from the whole model: a pipeline stage may hold no MoE layer)
   local E = require("models.moe").layers(model)[1][2].m.num_experts
   local plan = { group = self.ep_group, replicas = self.ep_replicas, layers = 0, plans = {}, experts = E,
