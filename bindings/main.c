@@ -7,6 +7,7 @@
  *   titan test [CTEST ARGS]      build, then run the whole suite through ctest
  *   titan busted FILES...        run busted specs inside this interpreter
  *   titan --nproc N ARGS...      the same ARGS in N processes (mpirun), one rank each
+ *   titan --simulate N ARGS...   the same ARGS as N ranks simulated in this process
  *   titan --version | --help
  *
  * The classic Lua C API is used only here, at start-up, to set paths and
@@ -39,6 +40,7 @@ static const char *tt_usage =
     "       titan test [CTEST ARGS...]   build and run the whole test suite (ctest)\n"
     "       titan busted SPEC...         run busted specs inside titan\n"
     "       titan --nproc N RECIPE.lua [...]   N ranks on this host (mpirun): data-parallel training\n"
+    "       titan --simulate N RECIPE.lua [...]   N ranks simulated in this one process (the same numbers)\n"
     "       titan --version | --help\n"
     "environment: TITAN_HOME (source tree with lua/), OMP_NUM_THREADS, OPENBLAS_CORETYPE, TITAN_TRACEBACK=1\n";
 
@@ -90,9 +92,15 @@ static int tt_traceback(lua_State *L) {
 static int tt_report(lua_State *L, int status) {
   if (status != 0) {
     const char *msg = lua_tostring(L, -1);
-    /* One of several ranks (mpirun, srun): say which, as only some may fail. */
+    /* One of several ranks (mpirun, srun, simulated): say which, as only some may fail. */
     const char *rank = getenv("OMPI_COMM_WORLD_RANK"), *size = getenv("OMPI_COMM_WORLD_SIZE");
     if (!rank || !size) rank = getenv("SLURM_PROCID"), size = getenv("SLURM_NTASKS");
+    char sim_rank[16], sim_size[16];
+    if (tt_sim_world() > 0) {
+      snprintf(sim_rank, sizeof sim_rank, "%d", tt_sim_rank());
+      snprintf(sim_size, sizeof sim_size, "%d", tt_sim_world());
+      rank = sim_rank, size = sim_size;
+    }
     if (rank && size && atoi(size) > 1)
       fprintf(stderr, "titan (rank %s of %s): %s\n", rank, size, msg ? msg : "error");
     else
@@ -241,55 +249,9 @@ static int tt_run_string(lua_State *L, const char *code, const char *name) {
   return tt_report(L, st);
 }
 
-int main(int argc, char **argv) {
-  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-    fputs(tt_usage, argc < 2 ? stderr : stdout);
-    return argc < 2 ? 1 : 0;
-  }
-  if (!strcmp(argv[1], "--version")) {
-    printf("titan %s\n", tt_version());
-    printf("blas: %s\n", tt_blas_info());
-    printf("threads: %d\n", tt_num_threads());
-    printf("mpi: %s\n", tt_dist_mpi_info());
-    printf("cuda: %s (%d device%s)\n",
-#ifdef TITAN_HAVE_CUDA
-           "built",
-#else
-           "not built",
-#endif
-           tt_cuda_device_count(), tt_cuda_device_count() == 1 ? "" : "s");
-    if (tt_cuda_device_count() > 0) {
-      printf("      %s\n", tt_cuda_info());
-      for (int i = 0; i < tt_cuda_device_count(); i++) {
-        int64_t free_b = 0, total_b = 0;
-        tt_device dev = {TT_CUDA, i};
-        if (tt_device_memory_info(dev, &free_b, &total_b) == TT_OK)
-          printf("      cuda:%d: %.1f GiB, %.1f GiB free\n", i, total_b / 1073741824.0, free_b / 1073741824.0);
-        else
-          printf("      cuda:%d: %s\n", i, tt_last_error());
-      }
-    }
-    return 0;
-  }
-  if (!strcmp(argv[1], "--nproc")) return tt_launch(argc, argv, argc > 2 ? argv[2] : "", 3);
-  if (!strncmp(argv[1], "--nproc=", 8)) return tt_launch(argc, argv, argv[1] + 8, 2);
-  tt_find_root();
-  if (!strcmp(argv[1], "test")) {
-    /* Build first (a no-op when nothing changed), then ctest, the specs'
-     * temporary files under build/test-tmp (tt_test_tmpname): emptied
-     * first, removed when every test passed, kept for a look otherwise. */
-    char cmd[PATH_MAX * 4 + 1024];
-    int n = snprintf(cmd, sizeof cmd,
-                     "cmake --build '%s' --parallel >/dev/null && rm -rf '%s/test-tmp' && mkdir -p '%s/test-tmp' && "
-                     "TITAN_TEST_TMPDIR='%s/test-tmp' ctest --test-dir '%s' --output-on-failure",
-                     TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR);
-    for (int i = 2; i < argc && n < (int)sizeof cmd - 64; i++) n += snprintf(cmd + n, sizeof cmd - n, " '%s'", argv[i]);
-    if (n < (int)sizeof cmd - 64)
-      snprintf(cmd + n, sizeof cmd - n, " && rm -rf '%s/test-tmp'", TITAN_BUILD_DIR);
-    int rc = system(cmd);
-    return rc == -1 ? 1 : (WIFEXITED(rc) ? WEXITSTATUS(rc) : 1);
-  }
-
+/* Everything but the launchers: a Lua state runs the command line. Returns
+ * 0 or 1. Under --simulate every simulated rank runs it on its own state. */
+static int tt_run_lua(int argc, char **argv) {
   lua_State *L = luaL_newstate();
   if (!L) {
     fprintf(stderr, "titan: cannot create the Lua state (out of memory)\n");
@@ -299,6 +261,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "-e")) {
     if (argc < 3) {
       fprintf(stderr, "titan: -e needs a chunk of Lua code\n");
+      lua_close(L);
       return 1;
     }
     tt_setup(L, argc, argv, 2);
@@ -348,6 +311,112 @@ int main(int argc, char **argv) {
     st = tt_report(L, st);
   }
   lua_close(L); /* (frees the process groups first) */
-  tt_dist_shutdown(st != 0);
   return st ? 1 : 0;
+}
+
+struct tt_sim_job {
+  int argc;
+  char **argv;
+};
+
+static int tt_sim_rank_main(int rank, int world, void *arg) {
+  (void)rank, (void)world;
+  struct tt_sim_job *job = arg;
+  return tt_run_lua(job->argc, job->argv);
+}
+
+/* titan --simulate N ARGS...: N ranks of one job in this process (engine/
+ * sim.c), each on its own Lua state, joined by the "local" collectives
+ * backend: the numbers of `titan --nproc N ARGS...` without N processes. */
+static int tt_simulate(int argc, char **argv, const char *count, int first) {
+  char *end = NULL;
+  long n = strtol(count, &end, 10);
+  if (!*count || *end || n < 1 || n > 4096) {
+    fprintf(stderr, "titan: --simulate '%s': expected a number of ranks from 1 to 4096\n", count);
+    return 1;
+  }
+  if (first >= argc) {
+    fprintf(stderr, "titan: --simulate %ld needs what to run (e.g. titan --simulate %ld RECIPE.lua)\n", n, n);
+    return 1;
+  }
+  if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("SLURM_NTASKS")) {
+    const char *w = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!w) w = getenv("SLURM_NTASKS");
+    if (atoi(w) > 1) {
+      fprintf(stderr, "titan: --simulate inside a launched job of %s ranks; expected one process (drop mpirun/srun or "
+              "--simulate)\n", w);
+      return 1;
+    }
+  }
+  char **av = calloc((size_t)argc + 1, sizeof *av);
+  if (!av) return 1;
+  int k = 0;
+  av[k++] = argv[0];
+  for (int i = first; i < argc; i++) av[k++] = argv[i];
+  av[k] = NULL;
+  struct tt_sim_job job = { k, av };
+  int failed = -1;
+  tt_status st = tt_sim_run((int)n, tt_sim_rank_main, &job, &failed);
+  free(av);
+  if (st != TT_OK && failed < 0) fprintf(stderr, "titan: %s\n", tt_last_error());
+  return st == TT_OK ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+    fputs(tt_usage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 1 : 0;
+  }
+  if (!strcmp(argv[1], "--version")) {
+    printf("titan %s\n", tt_version());
+    printf("blas: %s\n", tt_blas_info());
+    printf("threads: %d\n", tt_num_threads());
+    printf("mpi: %s\n", tt_dist_mpi_info());
+    printf("cuda: %s (%d device%s)\n",
+#ifdef TITAN_HAVE_CUDA
+           "built",
+#else
+           "not built",
+#endif
+           tt_cuda_device_count(), tt_cuda_device_count() == 1 ? "" : "s");
+    if (tt_cuda_device_count() > 0) {
+      printf("      %s\n", tt_cuda_info());
+      for (int i = 0; i < tt_cuda_device_count(); i++) {
+        int64_t free_b = 0, total_b = 0;
+        tt_device dev = {TT_CUDA, i};
+        if (tt_device_memory_info(dev, &free_b, &total_b) == TT_OK)
+          printf("      cuda:%d: %.1f GiB, %.1f GiB free\n", i, total_b / 1073741824.0, free_b / 1073741824.0);
+        else
+          printf("      cuda:%d: %s\n", i, tt_last_error());
+      }
+    }
+    return 0;
+  }
+  if (!strcmp(argv[1], "--nproc")) return tt_launch(argc, argv, argc > 2 ? argv[2] : "", 3);
+  if (!strncmp(argv[1], "--nproc=", 8)) return tt_launch(argc, argv, argv[1] + 8, 2);
+  if (!strcmp(argv[1], "--simulate") || !strncmp(argv[1], "--simulate=", 11)) {
+    tt_find_root();
+    int eq = argv[1][10] == '=';
+    return tt_simulate(argc, argv, eq ? argv[1] + 11 : (argc > 2 ? argv[2] : ""), eq ? 2 : 3);
+  }
+  tt_find_root();
+  if (!strcmp(argv[1], "test")) {
+    /* Build first (a no-op when nothing changed), then ctest, the specs'
+     * temporary files under build/test-tmp (tt_test_tmpname): emptied
+     * first, removed when every test passed, kept for a look otherwise. */
+    char cmd[PATH_MAX * 4 + 1024];
+    int n = snprintf(cmd, sizeof cmd,
+                     "cmake --build '%s' --parallel >/dev/null && rm -rf '%s/test-tmp' && mkdir -p '%s/test-tmp' && "
+                     "TITAN_TEST_TMPDIR='%s/test-tmp' ctest --test-dir '%s' --output-on-failure",
+                     TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR);
+    for (int i = 2; i < argc && n < (int)sizeof cmd - 64; i++) n += snprintf(cmd + n, sizeof cmd - n, " '%s'", argv[i]);
+    if (n < (int)sizeof cmd - 64)
+      snprintf(cmd + n, sizeof cmd - n, " && rm -rf '%s/test-tmp'", TITAN_BUILD_DIR);
+    int rc = system(cmd);
+    return rc == -1 ? 1 : (WIFEXITED(rc) ? WEXITSTATUS(rc) : 1);
+  }
+
+  int st = tt_run_lua(argc, argv);
+  tt_dist_shutdown(st != 0);
+  return st;
 }

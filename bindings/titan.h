@@ -762,6 +762,114 @@ tt_status tt_dist_batch_p2p_async(tt_group *g, int n, const int *is_send, tt_ten
  * the job rather than wait for it). A no-op otherwise. */
 void tt_dist_shutdown(int failed);
 
+/* ---- the simulator (engine/sim.c): N ranks of one job in this process ---- */
+/* fn(rank, world, arg) runs for every rank in [0, world), each on a stack of
+ * its own, cooperatively and in a fixed order: a rank runs until it waits in
+ * a collective of the "local" backend (or returns), then the next one runs.
+ * So a job's ranks share one process and its cores, one rank at a time, and
+ * the interleaving is the same in every run. Returns TT_OK when every rank
+ * returned 0. A rank returning non-zero stops the run at once (as a launcher
+ * stops a job whose process failed): *failed_rank is that rank and the
+ * status TT_ERR_INVALID; when every rank left waits on another (a deadlock,
+ * a rank that finished while others wait for it) the status is
+ * TT_ERR_INTERNAL, *failed_rank -1, and tt_last_error lists what each rank
+ * waits for. Not reentrant: one simulation at a time per process. */
+typedef int (*tt_sim_fn)(int rank, int world, void *arg);
+tt_status tt_sim_run(int world, tt_sim_fn fn, void *arg, int *failed_rank);
+/* The rank running now and the simulated world (-1 and 0 outside tt_sim_run). */
+int tt_sim_rank(void);
+int tt_sim_world(void);
+
+/* ---- device mesh placements (engine/dtensor.c) ------------------------- */
+/* How a tensor lies along one mesh dimension, DTensor's placements:
+ * Replicate (every coordinate holds the same values), Shard(dim) (the
+ * tensor dim split into torch.chunk pieces, one per coordinate) and
+ * Partial(op) (every coordinate holds a part; the tensor is their sum, avg
+ * or max). op is a tt_reduce_kind. */
+typedef enum { TT_PLACE_REPLICATE = 0, TT_PLACE_SHARD = 1, TT_PLACE_PARTIAL = 2 } tt_place_kind;
+typedef struct tt_placement {
+  int kind; /* tt_place_kind */
+  int dim;  /* Shard: the tensor dim */
+  int op;   /* Partial: the reduction */
+} tt_placement;
+/* A box of a global tensor: offset and shape per tensor dim. */
+typedef struct tt_box {
+  int64_t offset[8];
+  int64_t shape[8];
+} tt_box;
+/* The piece of a global tensor of shape global[0..ndim) that the mesh
+ * coordinate coord[0..mesh_ndim) holds under placements[0..mesh_ndim), as a
+ * box. A sharded dim is cut as torch.chunk cuts it (chunks of ceil(n / k):
+ * 10 rows over 4 ranks are 3, 3, 3, 1; 5 over 8 leave ranks 5..7 empty pieces,
+ * shape 0 and offset n). Mesh dims sharding the same tensor dim nest: the
+ * mesh dims are applied in `order` (mesh dim indices, each once; NULL: 0, 1,
+ * ...), each cutting the piece the earlier ones left (an empty piece then
+ * sits at the end of the piece it was cut from). ndim 0..8, mesh_ndim 1..8,
+ * mesh sizes >= 1, Shard dims < ndim; box entries past ndim are 0. */
+tt_status tt_dtensor_local_box(int ndim, const int64_t *global, int mesh_ndim, const int *mesh_shape,
+                               const int *coord, const tt_placement *placements, const int *order, tt_box *out);
+/* The inverse: the pieces of box `want` and who holds them. For every mesh
+ * coordinate in row-major order (rank = its index) whose piece meets `want`
+ * (their intersection is not empty), one entry: ranks[i] and the
+ * intersection boxes[i] (in global coordinates). Coordinates that differ
+ * only along Replicate or Partial dims hold the same box; with unique = 1
+ * only the one at coordinate 0 along those dims is listed (what a loader
+ * reads from: those boxes tile `want` exactly once). Writes at most cap
+ * entries and *count = how many there are (call with cap 0 and NULL arrays
+ * to size). */
+tt_status tt_dtensor_owners(int ndim, const int64_t *global, int mesh_ndim, const int *mesh_shape,
+                            const tt_placement *placements, const int *order, const tt_box *want, int unique,
+                            int cap, int *ranks, tt_box *boxes, int *count);
+/* Redistribute as collectives: the steps that take a tensor from placements
+ * `from` to `to` (one per mesh dim each). kind: all_gather (Shard(dim) ->
+ * Replicate over mesh_dim), reduce_scatter (Partial(op) -> Shard(dim)),
+ * all_reduce (Partial(op) -> Replicate), all_to_all (Shard(dim) ->
+ * Shard(dim2)), chunk (Replicate -> Shard(dim): keep this coordinate's piece,
+ * no communication), partial (Replicate -> Partial: coordinate 0 keeps the
+ * values, the others hold zeros for sum, the values for avg and max). */
+typedef enum {
+  TT_REDIST_ALL_GATHER = 0,
+  TT_REDIST_REDUCE_SCATTER = 1,
+  TT_REDIST_ALL_REDUCE = 2,
+  TT_REDIST_ALL_TO_ALL = 3,
+  TT_REDIST_CHUNK = 4,
+  TT_REDIST_PARTIAL = 5
+} tt_redist_kind;
+typedef struct tt_redist_step {
+  int kind;     /* tt_redist_kind */
+  int mesh_dim; /* the mesh dim whose group runs it */
+  int dim;      /* the tensor dim sharded before (all_gather, all_to_all) or after (reduce_scatter,
+                 * chunk); -1 for all_reduce and partial */
+  int dim2;     /* all_to_all: the tensor dim sharded after; -1 otherwise */
+  int op;       /* reduce_scatter, all_reduce: the tt_reduce_kind; partial: the Partial's; -1 otherwise */
+} tt_redist_step;
+/* Writes at most cap steps, *count = how many (never more than 2 per mesh
+ * dim: Shard -> Partial is an all_gather and a partial). As DTensor plans:
+ * with a sharded source the mesh dims are visited innermost first (the
+ * last of `order` first), so a tensor dim sharded by several mesh dims is
+ * gathered from the inside out, and a target Shard whose outer shards of
+ * the same tensor dim differ from the target's is replicated now and cut
+ * on a second visit, outermost first; without a sharded source one visit,
+ * outermost first (Partial -> Shard stays a reduce_scatter). Fails
+ * (TT_ERR_UNSUPPORTED, naming the mesh dims) for what has no plan:
+ * Partial(a) -> Partial(b) with a != b, and a source Partial over two mesh
+ * dims whose reductions do not commute (sum and max: the result would
+ * depend on the order of the steps) unless both stay as they are. */
+tt_status tt_dtensor_redistribute_plan(int mesh_ndim, const tt_placement *from, const tt_placement *to,
+                                       const int *order, int cap, tt_redist_step *steps, int *count);
+/* Runs the plan on this rank's piece `in` (its box under `from`, any
+ * strides; never written): groups[m] is the process group along mesh dim m
+ * (its rank = coord[m], its size mesh_shape[m]; NULL where the plan uses no
+ * collective over that dim, groups itself NULL when none does; checked
+ * before the first collective). *out is a new contiguous tensor holding
+ * this rank's piece under `to` (uneven pieces padded for the collectives
+ * and cut back), also when from == to. Every rank of the mesh calls it
+ * with the same arguments but coord and in. Partial(avg) and Partial(max)
+ * reduce with TT_RED_AVG and TT_RED_MAX. */
+tt_status tt_dtensor_redistribute(tt_group *const *groups, int ndim, const int64_t *global, int mesh_ndim,
+                                  const int *mesh_shape, const int *coord, const tt_placement *from,
+                                  const tt_placement *to, const int *order, const tt_tensor *in, tt_tensor **out);
+
 /* TT_CDEF_END */
 
 #ifdef __cplusplus

@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "sim.h"
 
 #define TT_MAX_CUDA_DEVICES 16
 
@@ -68,6 +69,34 @@ typedef struct tt_pool {
   tt_mempool *mempools; /* this device's private pools, alive or closing */
   tt_pending *pending;  /* freed blocks other streams may still use */
 } tt_pool;
+
+/* Under the simulator (sim.c) the ranks of a job share this process's CPU
+ * pool and its cache (one rank runs at a time), but each keeps statistics
+ * of its own, so a simulated rank reports the allocated and peak bytes that
+ * the same rank reports as a process of its own (reserved stays the
+ * shared pool's). Only the simulating thread counts there: a block a
+ * rank's background thread (async checkpoint writes) frees counts only in
+ * the pool's figures. */
+static tt_mem_stats *tt_sim_stats;
+static int tt_sim_nstats;
+
+void tt_alloc_sim_begin(int world) {
+  free(tt_sim_stats);
+  tt_sim_stats = calloc((size_t)world, sizeof *tt_sim_stats);
+  tt_sim_nstats = tt_sim_stats ? world : 0;
+}
+
+void tt_alloc_sim_end(void) {
+  free(tt_sim_stats);
+  tt_sim_stats = NULL;
+  tt_sim_nstats = 0;
+}
+
+static tt_mem_stats *tt_rank_stats(tt_device dev) {
+  if (dev.type != TT_CPU || !tt_sim_stats) return NULL;
+  int r = tt_sim_rank();
+  return r >= 0 && r < tt_sim_nstats ? &tt_sim_stats[r] : NULL;
+}
 
 /* The private pool serving this thread's allocations (on its device). */
 static __thread tt_mempool *tt_active_mempool;
@@ -383,6 +412,8 @@ tt_status tt_alloc_raw(tt_device dev, size_t nbytes, void **out) {
     }
   }
   tt_stats_alloc(&pool->stats, rounded, hit);
+  tt_mem_stats *rs = tt_rank_stats(dev);
+  if (rs) tt_stats_alloc(rs, rounded, hit);
   *out = p;
   pthread_mutex_unlock(&pool->lock);
   return TT_OK;
@@ -422,6 +453,11 @@ void tt_free_raw(tt_device dev, void *ptr, size_t nbytes) {
   pthread_mutex_lock(&pool->lock);
   pool->stats.num_frees++;
   pool->stats.allocated -= (int64_t)rounded;
+  tt_mem_stats *rs = tt_rank_stats(dev);
+  if (rs) {
+    rs->num_frees++;
+    rs->allocated -= (int64_t)rounded;
+  }
   tt_mempool *mp = pool->mempools ? tt_mempool_owner_locked(pool, ptr) : NULL;
   if (mp) {
     tt_mempool_put_locked(pool, mp, be, cls, rounded, ptr);
@@ -556,6 +592,12 @@ tt_status tt_memory_stats(tt_device dev, tt_mem_stats *out) {
   }
   pthread_mutex_lock(&pool->lock);
   *out = pool->stats;
+  tt_mem_stats *rs = tt_rank_stats(dev);
+  if (rs) {
+    *out = *rs;
+    out->reserved = pool->stats.reserved;
+    out->pending = pool->stats.pending;
+  }
   pthread_mutex_unlock(&pool->lock);
   return TT_OK;
 }
@@ -564,6 +606,8 @@ void tt_memory_reset_peak(tt_device dev) {
   tt_pool *pool = tt_pool_of(dev);
   if (!pool) return;
   pthread_mutex_lock(&pool->lock);
+  tt_mem_stats *rs = tt_rank_stats(dev);
+  if (rs) rs->peak_allocated = rs->allocated;
   pool->stats.peak_allocated = pool->stats.allocated;
   pthread_mutex_unlock(&pool->lock);
 }

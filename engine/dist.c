@@ -14,6 +14,7 @@ static const tt_dist_backend *tt_dist_find(const char *name) {
   if (!name || !strcmp(name, "fake")) return tt_dist_backend_fake();
   if (!strcmp(name, "nccl")) return tt_dist_backend_nccl();
   if (!strcmp(name, "mpi")) return tt_dist_backend_mpi();
+  if (!strcmp(name, "local")) return tt_dist_backend_local();
   return NULL;
 }
 
@@ -26,7 +27,7 @@ tt_status tt_group_new(const char *backend, int rank, int world, const uint8_t *
   if (!be) {
     int nccl = backend && !strcmp(backend, "nccl"), mpi = backend && !strcmp(backend, "mpi");
     return tt_error_set(nccl || mpi ? TT_ERR_UNSUPPORTED : TT_ERR_INVALID,
-                        "group: backend '%s' is %s; expected fake, mpi or nccl", backend ? backend : "(null)",
+                        "group: backend '%s' is %s; expected fake, local, mpi or nccl", backend ? backend : "(null)",
                         nccl  ? "not built (no CUDA/NCCL in this build)"
                         : mpi ? "not built (Open MPI was not found at configure time: apt-get install libopenmpi-dev)"
                               : "unknown");
@@ -94,6 +95,9 @@ static tt_status tt_chk_coll(const char *op, const tt_group *g, const tt_tensor 
   if (!strcmp(g->be->name, "mpi") && t->device.type != TT_CPU)
     return tt_error_set(TT_ERR_DEVICE, "%s: the mpi backend needs CPU tensors, got %s on %s", op, SHP(t, s),
                         t->device.type == TT_CUDA ? "a GPU (use the nccl backend)" : "the meta device");
+  if (!strcmp(g->be->name, "local") && t->device.type != TT_CPU)
+    return tt_error_set(TT_ERR_DEVICE, "%s: the local backend (simulated ranks) needs CPU tensors, got %s on %s", op,
+                        SHP(t, s), t->device.type == TT_CUDA ? "a GPU" : "the meta device");
   return TT_OK;
 }
 

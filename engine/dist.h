@@ -57,6 +57,16 @@ struct tt_group {
 };
 
 const tt_dist_backend *tt_dist_backend_fake(void);
+/* Simulated ranks of this process (engine/sim.c, dist_local.c). */
+const tt_dist_backend *tt_dist_backend_local(void);
+
+/* Reductions across ranks (dist_reduce.c), the same arithmetic on every
+ * backend that reduces on the host: acc = acc op x over n elements, for x
+ * from rank 0, 1, ... in turn; then finish (avg divides by size). check:
+ * the dtypes and ops it takes (float32/64 and integers; avg of floats). */
+tt_status tt_dist_reduce_check(const char *who, int dtype, int op);
+void tt_dist_reduce_into(void *acc, const void *x, int64_t n, int dtype, int op);
+void tt_dist_reduce_finish(void *acc, int64_t n, int dtype, int op, int size);
 /* NULL when built without Open MPI. */
 const tt_dist_backend *tt_dist_backend_mpi(void);
 /* NULL when built without NCCL. */

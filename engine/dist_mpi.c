@@ -50,45 +50,6 @@ static void host_blocks(void) { tt_emu_progress(); }
 static void host_blocks(void) {}
 #endif
 
-/* Reductions need a real MPI type; moves go as bytes (bf16, f16, fp8 too). */
-static tt_status mpi_reduce_type(int dtype, MPI_Datatype *out) {
-  switch (dtype) {
-    case TT_F32: *out = MPI_FLOAT; return TT_OK;
-    case TT_F64: *out = MPI_DOUBLE; return TT_OK;
-    case TT_I32: *out = MPI_INT32_T; return TT_OK;
-    case TT_I64: *out = MPI_INT64_T; return TT_OK;
-    case TT_U8: case TT_BOOL: *out = MPI_UINT8_T; return TT_OK;
-    default: break;
-  }
-  return tt_error_set(TT_ERR_DTYPE, "mpi: dtype %s cannot be reduced on the CPU (expected float32, float64 or an "
-                      "integer dtype; reduce gradients in float32)", tt_dtype_name(dtype));
-}
-
-static tt_status mpi_op(int op, int dtype, MPI_Op *out) {
-  switch (op) {
-    case TT_RED_SUM: *out = MPI_SUM; return TT_OK;
-    case TT_RED_MAX: *out = MPI_MAX; return TT_OK;
-    case TT_RED_MIN: *out = MPI_MIN; return TT_OK;
-    case TT_RED_AVG:
-      if (dtype != TT_F32 && dtype != TT_F64)
-        return tt_error_set(TT_ERR_DTYPE, "mpi: avg of %s; expected float32 or float64", tt_dtype_name(dtype));
-      *out = MPI_SUM; /* then divided by the group size */
-      return TT_OK;
-    default: break;
-  }
-  return tt_error_set(TT_ERR_INVALID, "mpi: unknown reduction %d", op);
-}
-
-static void divide(void *p, int64_t n, int dtype, int size) {
-  if (dtype == TT_F32) {
-    float *x = p, s = (float)size;
-    for (int64_t i = 0; i < n; i++) x[i] /= s;
-  } else {
-    double *x = p, s = (double)size;
-    for (int64_t i = 0; i < n; i++) x[i] /= s;
-  }
-}
-
 /* MPI counts are ints: long buffers go in pieces of at most 2^30 elements. */
 #define TT_MPI_PIECE ((int64_t)1 << 30)
 
@@ -154,39 +115,9 @@ static tt_status mpi_split(tt_group *g, int color, int key, tt_group *out) {
   return TT_OK;
 }
 
-static tt_status mpi_all_reduce(tt_group *g, tt_tensor *t, int op) {
-  host_blocks();
-  MPI_Datatype dt = MPI_FLOAT;
-  MPI_Op mop = MPI_SUM;
-  TT_TRY(mpi_reduce_type(t->dtype, &dt));
-  TT_TRY(mpi_op(op, t->dtype, &mop));
-  char *p = tt_tensor_data(t);
-  int64_t n = tt_tensor_numel(t), esz = (int64_t)tt_dtype_size(t->dtype);
-  for (int64_t i = 0; i < n; i += TT_MPI_PIECE) {
-    int c = (int)(n - i < TT_MPI_PIECE ? n - i : TT_MPI_PIECE);
-    MPI_TRY("MPI_Allreduce", MPI_Allreduce(MPI_IN_PLACE, p + i * esz, c, dt, mop, impl(g)->comm));
-  }
-  if (op == TT_RED_AVG && g->size > 1) divide(p, n, t->dtype, g->size);
-  return TT_OK;
-}
-
 static tt_status fits_int(const char *op, int64_t n) {
   if (n > INT_MAX)
     return tt_error_set(TT_ERR_SHAPE, "mpi: %s of %lld elements per rank; at most %d", op, (long long)n, INT_MAX);
-  return TT_OK;
-}
-
-static tt_status mpi_reduce_scatter(tt_group *g, const tt_tensor *in, tt_tensor *out, int op) {
-  host_blocks();
-  MPI_Datatype dt = MPI_FLOAT;
-  MPI_Op mop = MPI_SUM;
-  TT_TRY(mpi_reduce_type(in->dtype, &dt));
-  TT_TRY(mpi_op(op, in->dtype, &mop));
-  int64_t n = tt_tensor_numel(out);
-  TT_TRY(fits_int("reduce_scatter", n));
-  MPI_TRY("MPI_Reduce_scatter_block",
-          MPI_Reduce_scatter_block(tt_tensor_data(in), tt_tensor_data(out), (int)n, dt, mop, impl(g)->comm));
-  if (op == TT_RED_AVG && g->size > 1) divide(tt_tensor_data(out), n, out->dtype, g->size);
   return TT_OK;
 }
 
@@ -204,6 +135,90 @@ static tt_status bytes_type(int dtype, MPI_Datatype *dt) {
 
 static void bytes_type_free(MPI_Datatype *dt) {
   if (*dt != MPI_BYTE) MPI_Type_free(dt);
+}
+
+/* Reductions add rank 0's values, then rank 1's, ... (dist_reduce.c), as the
+ * local backend does, rather than in the order an MPI library's algorithm
+ * for the message size picks: a job's bits are then the same over Open MPI,
+ * in a simulated run (`titan --simulate N`) and whatever MPI is installed.
+ * An all-reduce moves what a ring does: each rank gathers every rank's copy
+ * of its segment (MPI_Alltoallv), reduces it in rank order, and the
+ * segments are gathered back (MPI_Allgatherv). */
+static tt_status mpi_all_reduce(tt_group *g, tt_tensor *t, int op) {
+  host_blocks();
+  TT_TRY(tt_dist_reduce_check("mpi: all_reduce", t->dtype, op));
+  int n = g->size, me = g->rank;
+  char *p = tt_tensor_data(t);
+  int64_t total = tt_tensor_numel(t);
+  size_t esz = tt_dtype_size(t->dtype);
+  int *counts = calloc((size_t)n * 3, sizeof *counts);
+  if (!counts) return tt_error_set(TT_ERR_OOM, "mpi: all_reduce: out of host memory");
+  int *displs = counts + n, *rcounts = counts + 2 * n;
+  int *rdispls = calloc((size_t)n, sizeof *rdispls);
+  char *tmp = NULL;
+  MPI_Datatype dt = MPI_BYTE;
+  tt_status st = rdispls ? bytes_type(t->dtype, &dt) : tt_error_set(TT_ERR_OOM, "mpi: all_reduce: out of host memory");
+  for (int64_t at = 0; st == TT_OK && at < total; at += TT_MPI_PIECE) {
+    int64_t len = total - at < TT_MPI_PIECE ? total - at : TT_MPI_PIECE, seg = (len + n - 1) / n;
+    for (int j = 0; j < n; j++) {
+      int64_t lo = (int64_t)j * seg < len ? (int64_t)j * seg : len, hi = lo + seg < len ? lo + seg : len;
+      counts[j] = (int)(hi - lo);
+      displs[j] = (int)lo;
+    }
+    for (int r = 0; r < n; r++) {
+      rcounts[r] = counts[me];
+      rdispls[r] = r * counts[me];
+    }
+    free(tmp);
+    tmp = malloc((size_t)n * (size_t)counts[me] * esz + 1);
+    if (!tmp) {
+      st = tt_error_set(TT_ERR_OOM, "mpi: all_reduce: out of host memory");
+      break;
+    }
+    char *piece = p + at * (int64_t)esz;
+    int rc = MPI_Alltoallv(piece, counts, displs, dt, tmp, rcounts, rdispls, dt, impl(g)->comm);
+    if (rc != MPI_SUCCESS) {
+      st = mpi_err("MPI_Alltoallv", rc);
+      break;
+    }
+    for (int r = 1; r < n; r++)
+      tt_dist_reduce_into(tmp, tmp + (size_t)r * (size_t)counts[me] * esz, counts[me], t->dtype, op);
+    tt_dist_reduce_finish(tmp, counts[me], t->dtype, op, n);
+    memcpy(piece + (size_t)displs[me] * esz, tmp, (size_t)counts[me] * esz);
+    rc = MPI_Allgatherv(MPI_IN_PLACE, 0, dt, piece, counts, displs, dt, impl(g)->comm);
+    if (rc != MPI_SUCCESS) st = mpi_err("MPI_Allgatherv", rc);
+  }
+  if (rdispls) bytes_type_free(&dt);
+  free(tmp);
+  free(rdispls);
+  free(counts);
+  return st;
+}
+
+/* Each rank receives every rank's copy of its chunk (MPI_Alltoall) and
+ * reduces them in rank order. */
+static tt_status mpi_reduce_scatter(tt_group *g, const tt_tensor *in, tt_tensor *out, int op) {
+  host_blocks();
+  TT_TRY(tt_dist_reduce_check("mpi: reduce_scatter", in->dtype, op));
+  int64_t m = tt_tensor_numel(out);
+  TT_TRY(fits_int("reduce_scatter", m));
+  size_t esz = tt_dtype_size(in->dtype);
+  char *tmp = malloc((size_t)g->size * (size_t)m * esz + 1);
+  if (!tmp) return tt_error_set(TT_ERR_OOM, "mpi: reduce_scatter: out of host memory");
+  MPI_Datatype dt = MPI_BYTE;
+  tt_status st = bytes_type(in->dtype, &dt);
+  if (st == TT_OK) {
+    int rc = MPI_Alltoall(tt_tensor_data(in), (int)m, dt, tmp, (int)m, dt, impl(g)->comm);
+    bytes_type_free(&dt);
+    if (rc != MPI_SUCCESS) st = mpi_err("MPI_Alltoall", rc);
+  }
+  if (st == TT_OK) {
+    for (int r = 1; r < g->size; r++) tt_dist_reduce_into(tmp, tmp + (size_t)r * (size_t)m * esz, m, in->dtype, op);
+    tt_dist_reduce_finish(tmp, m, in->dtype, op, g->size);
+    memcpy(tt_tensor_data(out), tmp, (size_t)m * esz);
+  }
+  free(tmp);
+  return st;
 }
 
 static tt_status mpi_all_gather(tt_group *g, const tt_tensor *in, tt_tensor *out) {

@@ -8,8 +8,9 @@
 -- Backends: "fake" (this process stands for rank r of `world`: right
 -- shapes, exact at world 1 — dry runs, memory estimates, the REPL), "mpi"
 -- (CPU tensors across processes started by `titan --nproc N`, mpirun or
--- srun) and "nccl" (CUDA tensors; rank 0's dist.unique_id() reaches the
--- other ranks through the launcher).
+-- srun), "local" (the ranks of `titan --simulate N`, simulated in one
+-- process: the same bits as mpi) and "nccl" (CUDA tensors; rank 0's
+-- dist.unique_id() reaches the other ranks through the launcher).
 --
 --   local env = dist.env()                  -- { rank, world, local_rank, local_size, launcher }
 --   local g = dist.world_group()            -- the mpi group of all ranks; nil in a single process
@@ -264,10 +265,14 @@ function Group:free()
   end
 end
 
--- Where this process sits, from the launcher's environment: Open MPI
--- (mpirun, titan --nproc) or Slurm (srun).
+-- Where this process sits: a simulated rank (titan --simulate N), else from
+-- the launcher's environment: Open MPI (mpirun, titan --nproc) or Slurm (srun).
 -- getenv: for tests (default os.getenv).
 function M.env(getenv)
+  if not getenv and C.tt_sim_world() > 0 then
+    local rank, world = C.tt_sim_rank(), C.tt_sim_world()
+    return { rank = rank, world = world, local_rank = rank, local_size = world, launcher = "simulate" }
+  end
   getenv = getenv or os.getenv
   local function num(name)
     local v = getenv(name)
@@ -294,13 +299,15 @@ function M.env(getenv)
 end
 
 local world_group
--- The group of every rank of this job over MPI (created once), or nil when
--- this process runs alone.
+-- The group of every rank of this job over MPI, or over the simulator's
+-- local backend under titan --simulate N (created once); nil when this
+-- process runs alone.
 function M.world_group()
   if world_group then return world_group end
   local e = M.env()
   if e.world == 1 then return nil end
-  local ok, g = pcall(M.new_group, { backend = "mpi", rank = e.rank, world = e.world })
+  local backend = e.launcher == "simulate" and "local" or "mpi"
+  local ok, g = pcall(M.new_group, { backend = backend, rank = e.rank, world = e.world })
   if not ok then error((tostring(g):gsub("^[^:]*:%d+: ", "")), 0) end -- (the reason, not this line's position)
   world_group = g
   return world_group
@@ -314,6 +321,10 @@ function M.nccl_world_group(device)
   if nccl_world[device] then return nccl_world[device] end
   local wg = M.world_group()
   if not wg then return nil end
+  if wg:backend() == "local" then
+    error("dist: simulated ranks (titan --simulate N) run on the CPU; NCCL needs a process per GPU "
+      .. "(titan --nproc N with --training.device=cuda)", 0)
+  end
   local id = wg:rank() == 0 and M.unique_id() or ""
   local len = tensor.tensor({ #id }, { dtype = "int64" })
   wg:broadcast(len, 0)

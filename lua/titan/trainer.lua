@@ -820,7 +820,7 @@ function Trainer:banner()
       metrics.commas(t.local_batch_size * t.seq_len * self.grad_accum * self.dp_size), t.steps, self.peak_flops / 1e9,
       self.cfg.metrics.peak_flops > 0 and "configured" or "measured", metrics.commas(self.flops_per_token)))
   -- (on GPUs the collectives are NCCL's and the threads only feed the GPU)
-  local over = self.dp and (self.dp:backend() == "nccl" and "NCCL" or "MPI")
+  local over = self.dp and ({ nccl = "NCCL", ["local"] = "simulated ranks" })[self.dp:backend()] or "MPI"
   local each = t.device == "cpu" and (", %d threads each"):format(titan.num_threads()) or ""
   if self.fsdp then
     local rep = self.dp_replicate > 1 and (" x %d replicas (HSDP: shard gradients then summed over the replicas)")
