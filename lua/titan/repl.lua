@@ -1,45 +1,185 @@
 -- repl.lua — `titan repl`: an interactive prompt with the library loaded as
--- `titan` (and `T` for short). Expressions print their values; errors are
--- reported and the prompt goes on; an incomplete statement continues on
--- the next line.
+-- `titan` (and `T` for short). Expressions print their values (pretty.lua),
+-- several values side by side; `_` holds the first value last printed. An
+-- error is one line on stderr and the prompt goes on; an incomplete
+-- statement continues on the next line. Line editing, history and tab
+-- completion come from lineedit.lua when stdin is a terminal; piped input is
+-- read plainly, with no banner or prompts, so the output is only the results.
+local lineedit = require("titan.lineedit")
+local pretty = require("titan.pretty")
+
 local M = {}
 
-local function show(ok, ...)
-  if not ok then
-    io.stderr:write("error: ", tostring((...)), "\n")
-    return
+local CHUNK = "=repl" -- positions read `repl:2:`, not `[string "..."]:2:`
+
+local function default_prompt(more) return more and ">> " or "> " end
+
+-- An error value as one message: strings as they are, the rest printed.
+local function message(err)
+  if type(err) == "string" then return err end
+  return pretty.format(err, { width = math.huge })
+end
+
+local function report(err)
+  io.stdout:flush() -- what the statement printed before it failed comes first
+  io.stderr:write("error: ", err, "\n")
+end
+
+-- The chunk for the lines read so far: as an expression list when it is one,
+-- else as statements. nil and the error when it does not compile.
+local function compile(code)
+  if loadstring("return " .. code, CHUNK) then
+    -- Run as the arguments of a call, not as `return f(x)`: that is a tail
+    -- call, and error("boom") called so loses its `repl:1:` position. The
+    -- newline ends a trailing comment; line numbers are unchanged.
+    return assert(loadstring("return (function(...) return ... end)(" .. code .. "\n)", CHUNK))
   end
-  local n = select("#", ...)
+  return loadstring(code, CHUNK)
+end
+
+-- Prints a statement's results: each through pretty.format, tab-separated
+-- like print, or one a line when any takes several lines.
+local function show(env, n, ...)
+  if n == 0 then return end
+  local parts, tall = {}, false
   for i = 1, n do
-    local v = select(i, ...)
-    io.write(tostring(v), i < n and "\t" or "\n")
+    parts[i] = pretty.format((select(i, ...)))
+    tall = tall or parts[i]:find("\n", 1, true) ~= nil
+  end
+  env._ = (...)
+  io.write(table.concat(parts, tall and "\n" or "\t"), "\n")
+end
+
+local function traceback_wanted()
+  local tb = os.getenv("TITAN_TRACEBACK")
+  return tb and tb ~= "" and tb ~= "0"
+end
+
+-- Runs one complete chunk in env and prints its results or its error.
+local function evaluate(chunk, env)
+  setfenv(chunk, env)
+  local handler = traceback_wanted() and function(e) return debug.traceback(message(e), 2) end or message
+  local function results(ok, ...)
+    if not ok then return report((...)) end
+    local shown, err = pcall(show, env, select("#", ...), ...)
+    if not shown then report(message(err)) end
+  end
+  results(xpcall(chunk, handler))
+  io.stdout:flush()
+end
+
+-- Tab completion: the names that can replace `word` (before: the line up to
+-- it). `a.b.c.pre` offers the fields of a.b.c, `x:pre` its methods (through
+-- its metatables' __index tables: a tensor's methods), a bare word the
+-- globals and keywords. nil inside a string: the line editor completes file
+-- names there instead.
+local KEYWORDS = { "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "goto", "if",
+  "in", "local", "nil", "not", "or", "repeat", "return", "then", "true", "until", "while" }
+
+local function in_string(before)
+  local quote, i = nil, 1
+  while i <= #before do
+    local c = before:sub(i, i)
+    if quote then
+      if c == "\\" then i = i + 1 elseif c == quote then quote = nil end
+    elseif c == '"' or c == "'" then
+      quote = c
+    end
+    i = i + 1
+  end
+  return quote ~= nil
+end
+
+local function is_name(s) return s:match("^[%a_][%w_]*$") ~= nil end
+
+local function callable(x)
+  if type(x) == "function" then return true end
+  local mt = debug.getmetatable(x)
+  return mt ~= nil and mt.__call ~= nil
+end
+
+-- The names of v's fields into `out`: its own (a table's) and those its
+-- metatables' __index tables provide; methods_only: only callable ones.
+local function fields(v, methods_only, out, seen)
+  if seen[v] then return end
+  seen[v] = true
+  if type(v) == "table" then
+    for k, x in next, v do
+      if type(k) == "string" and is_name(k) and (not methods_only or callable(x)) then out[k] = true end
+    end
+  end
+  local mt = debug.getmetatable(v)
+  if mt and type(mt.__index) == "table" then fields(mt.__index, methods_only, out, seen) end
+end
+
+local function completer(env)
+  return function(word, before)
+    if in_string(before) then return nil end
+    local path, sep, part = word:match("^(.*)([.:])([%w_]*)$")
+    local names = {}
+    if path then
+      local v = env
+      for name in (path .. "."):gmatch("(.-)%.") do
+        if not is_name(name) then return {} end
+        local ok, x = pcall(function() return v[name] end)
+        if not ok or x == nil then return {} end
+        v = x
+      end
+      fields(v, sep == ":", names, {})
+    else
+      if word ~= "" and not is_name(word) then return {} end
+      path, sep, part = "", "", word
+      fields(env, false, names, {})
+      for _, k in ipairs(KEYWORDS) do names[k] = true end
+    end
+    local words = {}
+    for name in pairs(names) do
+      -- _private names only when asked for by their underscore
+      if name:sub(1, #part) == part and (part:sub(1, 1) == "_" or name:sub(1, 1) ~= "_") then
+        words[#words + 1] = path .. sep .. name
+      end
+    end
+    table.sort(words)
+    return words
   end
 end
 
-function M.run()
+-- Runs the prompt until the end of input (Ctrl-D). opts (all optional):
+--   env    a table of extra globals (on top of `titan` and `T`)
+--   banner the line printed at the start instead of the version banner
+--   prompt a function(more) returning the prompt; more is true on the
+--          continuation lines of an unfinished statement
+-- The banner and the prompts show only when stdin is a terminal.
+function M.run(opts)
+  opts = opts or {}
   local titan = require("titan")
   local env = setmetatable({ titan = titan, T = titan }, { __index = _G })
-  io.write(("titan %s (LuaJIT) — `titan` is loaded; Ctrl-D exits\n"):format(titan.version()))
-  local buffer = ""
+  for k, v in pairs(opts.env or {}) do env[k] = v end
+  local prompt = opts.prompt or default_prompt
+  local reader = lineedit.open({ complete = completer(env) })
+  if reader.interactive then
+    io.write(opts.banner or ("titan %s (LuaJIT) — `titan` is loaded; Ctrl-D exits"):format(titan.version()), "\n")
+  end
+  local code -- the lines of an unfinished statement, or nil
   while true do
-    io.write(buffer == "" and "> " or ">> ")
-    io.flush()
-    local line = io.read("*l")
-    if not line then io.write("\n"); break end
-    buffer = buffer == "" and line or buffer .. "\n" .. line
-    local chunk, err = loadstring("return " .. buffer, "=repl")
-    if not chunk then chunk, err = loadstring(buffer, "=repl") end
-    if chunk then
-      setfenv(chunk, env)
-      buffer = ""
-      show(pcall(chunk))
-    elseif err and err:match("<eof>'?$") then
-      -- incomplete: keep reading
-    else
-      io.stderr:write("syntax error: ", tostring(err), "\n")
-      buffer = ""
+    local line = reader:read(reader.interactive and prompt(code ~= nil) or "")
+    if not line then break end
+    if code or line:find("%S") then
+      code = code and code .. "\n" .. line or line:gsub("^%s*=", "return ", 1) -- `=x`: Lua 5.1's `return x`
+      local chunk, err = compile(code)
+      if chunk then
+        code = nil
+        evaluate(chunk, env)
+      elseif not err:match("<eof>'?$") then -- an error, not just unfinished: drop the statement
+        code = nil
+        report(err)
+      end
     end
   end
+  -- Input ended inside a statement: say so rather than drop it silently.
+  if code then report(select(2, compile(code))) end
+  if reader.interactive then io.write("\n") end
+  reader:close()
 end
 
 return M
