@@ -92,7 +92,23 @@ static struct {
   unsigned long generation;
   lcomm **worlds;
   int nworlds, *made; /* made[r]: how many rank r has joined */
+  int *joined;        /* joined[k]: how many ranks have joined worlds[k] */
+  int world;          /* the simulation's ranks (every world communicator's size) */
 } W;
+
+/* The registry holds a reference to each world communicator until every
+ * rank has joined it: a rank that is done with it (its group freed) must
+ * not free it before a slower rank joins. */
+static void registry_drop(void) {
+  for (int k = 0; k < W.nworlds; k++)
+    if (W.joined[k] < W.world) lcomm_release(W.worlds[k]); /* (a fully joined one may be gone: not read) */
+  free(W.worlds);
+  free(W.made);
+  free(W.joined);
+  W.worlds = NULL;
+  W.made = W.joined = NULL;
+  W.nworlds = 0;
+}
 
 static tt_status local_init(tt_group *g, const uint8_t *id, size_t id_len) {
   (void)id, (void)id_len;
@@ -105,11 +121,9 @@ static tt_status local_init(tt_group *g, const uint8_t *id, size_t id_len) {
                         "of %d", g->rank, g->size, rank, world);
   if (W.generation != tt_sim_generation()) {
     /* another simulation's groups keep their communicators (freed with them) */
-    free(W.worlds);
-    free(W.made);
-    W.worlds = NULL;
-    W.nworlds = 0;
+    registry_drop();
     W.made = calloc((size_t)world, sizeof *W.made);
+    W.world = world;
     if (!W.made) return tt_error_set(TT_ERR_OOM, "local: out of host memory");
     W.generation = tt_sim_generation();
   }
@@ -118,9 +132,14 @@ static tt_status local_init(tt_group *g, const uint8_t *id, size_t id_len) {
     lcomm **grown = realloc(W.worlds, (size_t)(k + 1) * sizeof *grown);
     if (!grown) return tt_error_set(TT_ERR_OOM, "local: out of host memory");
     W.worlds = grown;
+    int *joined = realloc(W.joined, (size_t)(k + 1) * sizeof *joined);
+    if (!joined) return tt_error_set(TT_ERR_OOM, "local: out of host memory");
+    W.joined = joined;
     lcomm *c = lcomm_new(world);
     if (!c) return tt_error_set(TT_ERR_OOM, "local: out of host memory for a group of %d", world);
     for (int r = 0; r < world; r++) c->members[r] = r;
+    c->refs = 1; /* the registry's */
+    W.joined[W.nworlds] = 0;
     W.worlds[W.nworlds++] = c;
   }
   tt_local *l = calloc(1, sizeof *l);
@@ -128,6 +147,7 @@ static tt_status local_init(tt_group *g, const uint8_t *id, size_t id_len) {
   l->c = W.worlds[k];
   l->c->refs++;
   W.made[rank]++;
+  if (++W.joined[k] == l->c->size) lcomm_release(l->c); /* every rank holds it now */
   g->impl = l;
   return TT_OK;
 }
