@@ -228,6 +228,8 @@ local function resolve_parallelism(p, world)
   return rep, shard, tp, pp, cp
 end
 
+M.resolve_parallelism = resolve_parallelism
+
 -- parallelism.expert_parallel_degree against the model and the ranks:
 -- the experts spread over ep of the data-parallel ranks (dp_replicate x
 -- dp_shard x cp of them), which each route their own tokens. Returns ep.
@@ -255,21 +257,6 @@ function M.check_expert_parallel(tr, cfg, model)
       0)
   end
   return ep
-end
-
--- The checkpoint box of each local tensor (checkpoint shard_of) under FSDP,
--- TP or both: FSDP's rows are rows of the TP slice, so their offsets add.
-function M.compose_boxes(fsdp, tpp)
-  if not (fsdp and tpp) then return (fsdp or tpp) and (fsdp or tpp).shard_of end
-  return function(name)
-    local lshape, loff = fsdp.shard_of(name)
-    local gshape, goff = tpp.shard_of(name)
-    if not lshape then return gshape, goff end
-    if not gshape then return lshape, loff end
-    local off = {}
-    for d = 1, #gshape do off[d] = goff[d] + loff[d] end
-    return gshape, off
-  end
 end
 
 -- opts.print: where log lines go (default stdout).
@@ -525,7 +512,16 @@ function M.new(cfg, opts)
     and self.dp:backend() == "nccl" and cfg.parallelism.ddp_overlap then
     self.ddp = require("parallel.ddp").attach(model, self.dp)
   end
-  self.shard_of = M.compose_boxes(self.fsdp, self.tp_plan)
+  -- Checkpoint boxes (and HF import's) from the parameters' placements:
+  -- where each of this rank's parameters lies in the whole
+  -- (lua/parallel/placements.lua; tests/lua/placements_spec.lua checks them
+  -- against what the transforms made).
+  self.layout = require("parallel.placements").job(cfg, self.world, self.rank)
+  self.shard_of = function(name)
+    local d = self.layout.params[name]
+    if not d then return nil end
+    return d.shape, d:box().offset
+  end
   self.flops_per_token, self.nparams = flops, nparams
 
   -- Tokenizer and data.
