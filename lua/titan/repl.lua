@@ -151,10 +151,12 @@ end
 --          continuation lines of an unfinished statement
 -- The banner and the prompts show only when stdin is a terminal.
 function M.run(opts)
-  opts = opts or {}
+  opts = opts or M.job_opts(rawget(_G, "arg") or {}) or {}
   local titan = require("titan")
-  local env = setmetatable({ titan = titan, T = titan }, { __index = _G })
-  for k, v in pairs(opts.env or {}) do env[k] = v end
+  -- (opts.env itself is the prompt's globals, so what its functions later
+  -- set there, e.g. rank(r)'s new params, is what the next line sees)
+  local env = setmetatable(opts.env or {}, { __index = _G })
+  env.titan, env.T = titan, titan
   local prompt = opts.prompt or default_prompt
   local reader = lineedit.open({ complete = completer(env) })
   if reader.interactive then
@@ -180,6 +182,92 @@ function M.run(opts)
   if code then report(select(2, compile(code))) end
   if reader.interactive then io.write("\n") end
   reader:close()
+end
+
+-- `titan repl [--world N] [RECIPE.lua] [--key=value ...]`: the options of
+-- M.run for a job's layout. With a recipe, the job's config is resolved (the
+-- trainer's one-line errors for keys the world cannot satisfy) and its
+-- model laid out on the meta device for every rank as the trainer lays it
+-- out (lua/parallel/placements.lua), without weights or devices: `mesh`,
+-- `model` (this rank's part), `params` (this rank's parameters by name, as
+-- DTensors), `memory()` (this rank's bytes), `rank(r)` (act as rank r).
+-- With --world alone: a mesh of N ranks to try placements on. Neither:
+-- nil (the plain prompt).
+function M.job_opts(argv)
+  local world, recipe, keys = nil, nil, {}
+  local i = 1
+  while argv[i] do
+    local a = argv[i]
+    if a == "--world" or a:match("^%-%-world=") then
+      local v = a:match("^%-%-world=(.*)$")
+      if not v then
+        i = i + 1
+        v = argv[i]
+      end
+      world = tonumber(v)
+      if not world or world < 1 or world % 1 ~= 0 then
+        error(("repl: --world %s; expected a number of ranks >= 1"):format(tostring(v)), 0)
+      end
+    elseif a:match("^%-%-") then
+      keys[#keys + 1] = a
+    elseif not recipe then
+      recipe = a
+    else
+      error(("repl: '%s' after the recipe %s; expected --key=value overrides"):format(a, recipe), 0)
+    end
+    i = i + 1
+  end
+  if not world and not recipe then
+    if #keys > 0 then error(("repl: %s without a recipe; expected titan repl [--world N] RECIPE.lua [--key=value ...]")
+      :format(keys[1]), 0) end
+    return nil
+  end
+  world = world or 1
+  local dt = require("titan.dtensor")
+  local env = { dtensor = dt, Shard = dt.Shard, Replicate = dt.Replicate, Partial = dt.Partial }
+  local current = 0
+  local function prompt(more) return more and ">> " or ("rank %d> "):format(current) end
+  if not recipe then
+    local meshlib = require("titan.mesh")
+    local function at(r)
+      env.mesh = meshlib.new({ "world" }, { world }, { rank = r, fake = true })
+      current = r
+    end
+    at(0)
+    env.rank = function(r)
+      if type(r) ~= "number" or r < 0 or r >= world or r % 1 ~= 0 then
+        error(("rank(%s): expected a rank from 0 to %d"):format(tostring(r), world - 1), 2)
+      end
+      at(r)
+      return r
+    end
+    return { env = env, prompt = prompt, banner = ("titan repl: %d simulated ranks (rank(r) switches); `mesh`, "
+      .. "Shard, Replicate, Partial, dtensor are loaded; Ctrl-D exits"):format(world) }
+  end
+  local config = require("titan.config")
+  local cfg = config.resolve(config.load_recipe(recipe), keys)
+  local placements = require("parallel.placements")
+  local function at(r)
+    local job = placements.job(cfg, world, r)
+    env.job, env.mesh, env.model, env.params, env.cfg = job, job.mesh, job.model, job.params, cfg
+    current = r
+  end
+  at(0)
+  env.rank = function(r)
+    if type(r) ~= "number" or r < 0 or r >= world or r % 1 ~= 0 then
+      error(("rank(%s): expected a rank from 0 to %d"):format(tostring(r), world - 1), 2)
+    end
+    at(r)
+    return r
+  end
+  -- this rank's bytes of parameters, gradients and optimizer state, in GiB
+  env.memory = function()
+    local m = env.job:memory()
+    return { params_gib = m.params / 2 ^ 30, grads_gib = m.grads / 2 ^ 30, optimizer_gib = m.optimizer / 2 ^ 30,
+      total_gib = m.total / 2 ^ 30 }
+  end
+  return { env = env, prompt = prompt, banner = ("titan repl: %s %s laid out on %d rank(s), rank 0 (rank(r) switches); "
+    .. "mesh, model, params, memory() are loaded; Ctrl-D exits"):format(cfg.model.name, cfg.model.flavor, world) }
 end
 
 return M

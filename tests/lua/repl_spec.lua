@@ -272,4 +272,28 @@ describe("titan repl", function()
       assert.is_nil(read_file(tmp .. "/.titan_history"))
     end)
   end)
+
+  describe("--world N RECIPE.lua", function()
+    it("lays out the 8B recipe on 64 ranks offline: the mesh, a weight's placements and pieces", function()
+      local out = sh.run_ok("printf 'print(mesh)\\nprint(params[\"layers.0.attention.wq.weight\"])\\nrank(63)\\n"
+        .. "print(params[\"layers.0.attention.wq.weight\"])\\nprint(memory().total_gib < 2)\\n' | " .. exe
+        .. " repl --world 64 lua/recipes/llama3_8b.lua --parallelism.dp_shard=8 --parallelism.tp=8 2>&1")
+      assert.truthy(out:find("DeviceMesh 64 ranks: dp_shard 8 x tp 8 (this rank 0: dp_shard 0, tp 0)", 1, true), out)
+      assert.truthy(out:find("tp groups (8 groups of 8 ranks): [0-7] [8-15]", 1, true), out)
+      assert.truthy(out:find("DTensor(shape=[4096, 4096], dtype=bfloat16, placements=(dp_shard_cp: Shard(1), tp: "
+        .. "Shard(1)), order tp > dp_shard_cp; rank 0 holds [64, 4096] at offset [0, 0], no data)", 1, true), out)
+      assert.truthy(out:find("rank 63 holds [64, 4096] at offset [4032, 0]", 1, true), out)
+      assert.truthy(out:find("\ntrue\n", 1, true), out)
+    end)
+
+    it("refuses what the world cannot hold with the trainer's line, and a bad --world", function()
+      sh.one_line(exe .. " repl --world 3 lua/recipes/llama3_8b.lua --parallelism.tp=8 </dev/null 2>&1",
+        "titan: trainer: parallelism.tp = 8, but the job has 3 rank(s)")
+      sh.one_line(exe .. " repl --world zero lua/recipes/llama3_8b.lua </dev/null 2>&1",
+        "repl: --world zero; expected a number of ranks >= 1")
+      local out = sh.run_ok("printf 'rank(9)\\nprint(mesh:size())\\n' | " .. exe .. " repl --world 4 2>&1")
+      assert.truthy(out:find("rank(9): expected a rank from 0 to 3", 1, true), out)
+      assert.truthy(out:find("\n4\n", 1, true) or out:find("^4\n") or out:find("\n4$"), out)
+    end)
+  end)
 end)
