@@ -6,12 +6,18 @@ local M = {}
 
 -- torch.chunk / DTensor Shard(dim) on n items over k parts: parts of
 -- ceil(n / k), the last smaller, trailing parts empty when n < k.
--- Returns the 0-based start and the length of part i (0-based).
+-- Returns the 0-based start and the length of part i (0-based). The rule
+-- is the placement math's (engine/dtensor.c), not a copy of it.
+local tffi = require("titan.ffi")
+local ffi, C = tffi.ffi, tffi.C
+local c_n, c_k, c_i, c_pl, c_box = ffi.new("int64_t[1]"), ffi.new("int[1]"), ffi.new("int[1]"),
+  ffi.new("tt_placement[1]"), ffi.new("tt_box")
+c_pl[0].kind, c_pl[0].dim = C.TT_PLACE_SHARD, 0
 function M.chunk(n, k, i)
   assert(k >= 1 and i >= 0 and i < k, "layout.chunk: part index out of range")
-  local size = math.ceil(n / k)
-  local start = math.min(n, i * size)
-  return start, math.min(n, start + size) - start
+  c_n[0], c_k[0], c_i[0] = n, k, i
+  tffi.check(C.tt_dtensor_local_box(1, c_n, 1, c_k, c_i, c_pl, nil, c_box), 2)
+  return tonumber(c_box.offset[0]), tonumber(c_box.shape[0])
 end
 
 -- The box of part i of k when `shape` is split along dim (1-based).
