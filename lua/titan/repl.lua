@@ -227,6 +227,16 @@ function M.job_opts(argv)
   local env = { dtensor = dt, Shard = dt.Shard, Replicate = dt.Replicate, Partial = dt.Partial }
   local current = 0
   local function prompt(more) return more and ">> " or ("rank %d> "):format(current) end
+  -- rank(r): the prompt acts as rank r from now on (at(r) sets its globals)
+  local function switcher(at)
+    return function(r)
+      if type(r) ~= "number" or r < 0 or r >= world or r % 1 ~= 0 then
+        error(("rank(%s): expected a rank from 0 to %d"):format(tostring(r), world - 1), 2)
+      end
+      at(r)
+      return r
+    end
+  end
   if not recipe then
     local meshlib = require("titan.mesh")
     local function at(r)
@@ -234,13 +244,7 @@ function M.job_opts(argv)
       current = r
     end
     at(0)
-    env.rank = function(r)
-      if type(r) ~= "number" or r < 0 or r >= world or r % 1 ~= 0 then
-        error(("rank(%s): expected a rank from 0 to %d"):format(tostring(r), world - 1), 2)
-      end
-      at(r)
-      return r
-    end
+    env.rank = switcher(at)
     return { env = env, prompt = prompt, banner = ("titan repl: %d simulated ranks (rank(r) switches); `mesh`, "
       .. "Shard, Replicate, Partial, dtensor are loaded; Ctrl-D exits"):format(world) }
   end
@@ -253,13 +257,7 @@ function M.job_opts(argv)
     current = r
   end
   at(0)
-  env.rank = function(r)
-    if type(r) ~= "number" or r < 0 or r >= world or r % 1 ~= 0 then
-      error(("rank(%s): expected a rank from 0 to %d"):format(tostring(r), world - 1), 2)
-    end
-    at(r)
-    return r
-  end
+  env.rank = switcher(at)
   -- this rank's bytes of parameters, gradients and optimizer state, in GiB
   env.memory = function()
     local m = env.job:memory()
