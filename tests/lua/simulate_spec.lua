@@ -92,53 +92,43 @@ describe("titan --simulate", function()
     sh.one_line(exe .. " --simulate 2", "needs what to run")
   end)
 
-  local function script(body)
+  -- Runs a script body on n simulated ranks (g: the world group, r: the
+  -- rank); it must fail, and the output is returned for its line.
+  local function fails(n, body)
     local path = os.tmpname() .. ".lua"
     local f = assert(io.open(path, "w"))
     f:write("local titan = require('titan')\nlocal dist = require('titan.dist')\nlocal g = dist.world_group()\n",
       "local r = g:rank()\n", body)
     f:close()
-    return path
+    local out, rc = sh.run(exe .. " --simulate " .. n .. " " .. path .. " 2>&1")
+    os.remove(path)
+    assert.are_not.equal(0, rc, out)
+    return out
   end
 
   it("reports a deadlock with what each rank waits for, and exits 1", function()
-    local path = script("if r == 0 then g:all_reduce(titan.ones({ 2 })) end\n")
-    local out, rc = sh.run(exe .. " --simulate 2 " .. path .. " 2>&1")
-    os.remove(path)
-    assert.are_not.equal(0, rc, out)
+    local out = fails(2, "if r == 0 then g:all_reduce(titan.ones({ 2 })) end\n")
     assert.truthy(out:find("simulate: deadlock: no rank can go on (rank 0 waits in all_reduce on the group of ranks "
       .. "[0,1]; rank 1 has finished)", 1, true), out)
   end)
 
   it("names both sides of mismatched collectives", function()
-    local path = script("if r == 0 then g:all_reduce(titan.ones({ 2 })) else g:all_gather(titan.ones({ 2 })) end\n")
-    local out, rc = sh.run(exe .. " --simulate 2 " .. path .. " 2>&1")
-    os.remove(path)
-    assert.are_not.equal(0, rc, out)
+    local out = fails(2, "if r == 0 then g:all_reduce(titan.ones({ 2 })) else g:all_gather(titan.ones({ 2 })) end\n")
     assert.truthy(out:find("titan (rank 1 of 2): ", 1, true), out)
     assert.truthy(out:find("all_gather: simulated rank 1 calls all_gather on the group of ranks [0,1] while other "
       .. "ranks of it wait in all_reduce", 1, true), out)
     -- sizes that differ between ranks
-    path = script("g:all_reduce(titan.ones({ 2 + r }))\n")
-    out, rc = sh.run(exe .. " --simulate 2 " .. path .. " 2>&1")
-    os.remove(path)
-    assert.are_not.equal(0, rc, out)
+    out = fails(2, "g:all_reduce(titan.ones({ 2 + r }))\n")
     assert.truthy(out:find("all_reduce: group rank 1 gave [3] float32 but group rank 0 gave [2] float32", 1, true), out)
   end)
 
   it("stops the job when one rank fails, naming it", function()
-    local path = script("g:barrier()\nif r == 2 then error('rank two gives up', 0) end\ng:barrier()\n")
-    local out, rc = sh.run(exe .. " --simulate 3 " .. path .. " 2>&1")
-    os.remove(path)
-    assert.are_not.equal(0, rc, out)
+    local out = fails(3, "g:barrier()\nif r == 2 then error('rank two gives up', 0) end\ng:barrier()\n")
     assert.truthy(out:find("titan (rank 2 of 3): rank two gives up", 1, true), out)
   end)
 
   it("refuses NCCL (a process per GPU) in one line", function()
-    local path = script("dist.nccl_world_group(0)\n")
-    local out, rc = sh.run(exe .. " --simulate 2 " .. path .. " 2>&1")
-    os.remove(path)
-    assert.are_not.equal(0, rc, out)
+    local out = fails(2, "dist.nccl_world_group(0)\n")
     assert.truthy(out:find("simulated ranks (titan --simulate N) run on the CPU", 1, true), out)
   end)
 end)
