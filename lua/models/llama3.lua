@@ -84,13 +84,16 @@ function Attention:forward(x, rope)
   local q = self.wq(x):view(B, T, -1, self.head_dim)
   local k = self.wk(x):view(B, T, -1, self.head_dim)
   local v = self.wv(x):view(B, T, -1, self.head_dim)
-  -- (under context parallelism, x holds this rank's tokens of each sequence, rotated by their
-  -- positions in it and attending to every rank's keys: lua/parallel/cp.lua)
-  if self.cp then rope = self.cp:rope_tables(rope, T) end
+  rope = self:rope_slice(rope, T)
   q, k = F.rope(q, rope), F.rope(k, rope)
-  local o = self.cp and self.cp:attention(q, k, v) or F.attention(q, k, v, { causal = true })
-  return self.wo(o:view(B, T, -1))
+  return self.wo(self:sdpa(q, k, v):view(B, T, -1))
 end
+
+-- Slots a transform may replace on an instance (lua/parallel/ splits the
+-- sequence over ranks so): the RoPE rows of x's T tokens, and the attention
+-- of q, k, v [B, T, heads, head_dim] (causal, over the whole sequence).
+function Attention:rope_slice(rope, T) return rope end
+function Attention:sdpa(q, k, v) return F.attention(q, k, v, { causal = true }) end
 
 local FeedForward = nn.Module:extend("FeedForward")
 function FeedForward:init(a, opts)
@@ -165,23 +168,17 @@ end
 -- (which stays the caller's), and without norm and output it returns its own.
 function Transformer:forward(ids)
   local h = self.tok_embeddings and self.tok_embeddings(ids) or ids
-  -- (under context parallelism h holds this rank's tokens: the tables cover the whole sequence)
-  local rope = self:rope_tables(h:size(2) * (self.cp and self.cp.group:size() or 1))
+  -- (the tables cover the sequence's positions: rope_positions, a slot)
+  local rope = self:rope_tables(self:rope_positions(h:size(2)))
   local f
   for _, nl in ipairs(self.layers:named_children()) do
     local layer = nl[2]
     local h_prev, f_prev = h, f
-    if layer.checkpointed then
-      -- Activation checkpointing (lua/parallel/ac.lua) keeps only a block's
-      -- input, so one tensor crosses its boundary: the previous block's
-      -- residual add is done here instead of inside this block's first norm.
-      local x = f_prev and h_prev + f_prev or h_prev
-      h, f = layer(x, rope), nil
-      if x ~= h_prev then x:free() end
-    else
-      -- In its own scope, a block's temporaries go at its end, not the forward's.
-      h, f = titan.scope(layer.forward_parts, layer, h_prev, f_prev, rope)
-    end
+    -- In its own scope, a block's temporaries go at its end, not the forward's.
+    -- (The residual stream crosses a block boundary as two tensors, h + f,
+    -- added in the next block's first norm; a block wrapped to keep only its
+    -- input takes one, and returns f = nil: lua/parallel/ac.lua.)
+    h, f = titan.scope(layer.forward_parts, layer, h_prev, f_prev, rope)
     -- The tapes hold (shared) what the backward needs: the residual stream's
     -- handles can go now rather than when the caller's scope ends.
     if h_prev ~= ids then h_prev:free() end
@@ -204,9 +201,9 @@ function Transformer:forward(ids)
   return F.linear(h, w)
 end
 
--- Context parallelism (lua/parallel/cp.lua) sets self.cp and each
--- Attention's: their forwards read it.
-function Transformer:cp_supported() return true end
+-- A slot: how many positions the RoPE tables must cover for h's T tokens
+-- (a transform that splits the sequence over ranks makes it the whole's).
+function Transformer:rope_positions(T) return T end
 
 -- ---- tensor parallelism: what lua/parallel/tp.lua splits in a block --------------
 M.tp_plan = {
@@ -347,5 +344,48 @@ function M.flops_per_token(model, seq_len)
   local flops = 6 * matmul_params + 12 * a.n_layers * a.n_heads * a.head_dim * seq_len
   return flops, n, n_emb
 end
+
+-- ---- the family's entry point for the trainer, the REPL and the config -----
+-- How a job lays this family over its ranks (lua/parallel/llama3.lua: its
+-- parallelize function) and the generic machinery around it
+-- (lua/parallel/parallelize.lua), reached through here so that the library
+-- (lua/titan) names no parallelism itself.
+function M.parallelize(model, mesh, cfg, par) return require("parallel.llama3").parallelize(model, mesh, cfg, par) end
+function M.parallel() return require("parallel.parallelize") end
+function M.check_config(cfg, need) return require("parallel.dims").check_config(cfg, need) end
+
+-- Mixture of experts: the number of experts of the model's MoE layers (0:
+-- none), whether a parameter is an expert's, and the Linear layers whose
+-- weights stay whole on every rank (a MoE layer's: no tp group for float8's scales).
+function M.num_experts(model)
+  local l = moe.layers(model)[1]
+  return l and l[2].m.num_experts or 0
+end
+function M.is_expert(name) return name:find(".moe.experts.", 1, true) ~= nil end
+function M.ungrouped_linear(model)
+  local prefixes = {}
+  for _, nl in ipairs(moe.layers(model)) do prefixes[#prefixes + 1] = nl[1] .. "." end
+  return function(name)
+    for _, p in ipairs(prefixes) do
+      if name:sub(1, #p) == p then return true end
+    end
+    return false
+  end
+end
+
+-- Hooks the trainer calls without knowing what they do.
+M.hooks = {
+  -- MoE's aux-loss-free balance (lua/models/moe.lua): each layer's expert
+  -- bias moves by the step's token counts (summed over `counts`: the ranks
+  -- that routed them) before the optimizer's step. Returns the log line's
+  -- figure: the busiest expert's load over the mean, averaged over the layers.
+  pre_optimizer_step = function(model, counts)
+    local layers = moe.layers(model)
+    if #layers == 0 then return nil end
+    local load = 0
+    for _, l in ipairs(layers) do load = load + moe.max_load(l[2]:update_bias(counts)) end
+    return { moe_max_load = load / #layers }
+  end,
+}
 
 return M

@@ -22,9 +22,10 @@
 -- tokens are gathered on the device (index_select), run expert by expert on
 -- contiguous rows, and brought back to token order by the inverse
 -- permutation, weighted and summed: every step has an autograd backward, so
--- the router learns through w. Under expert parallelism (self.ep, set by
--- lua/parallel/ep.lua) this rank holds some of the experts, and the rows in
--- expert order go to the ranks holding theirs and come back in that order.
+-- the router learns through w. The experts' part is a slot a transform may
+-- fill: self:run_experts(rows in expert order, counts per expert) -> their
+-- outputs in that order (lua/parallel/ spreads the experts over ranks so,
+-- sending the rows to the ranks holding theirs and back).
 local titan = require("titan")
 local autograd = require("titan.autograd")
 local memory = require("titan.memory")
@@ -121,8 +122,8 @@ function MoE:forward(x)
   local dev = x2:device()
   local routed = x2:index_select(1, titan.tensor(order, { dtype = "int64" }):to(dev))
   local out
-  if self.ep then -- (the experts are spread over ranks: lua/parallel/ep.lua sends the rows to theirs)
-    out = self.ep:run(self, routed, count)
+  if self.run_experts then -- (the slot: the experts run elsewhere)
+    out = self:run_experts(routed, count)
   else
     local outs = {}
     for e = 1, E do

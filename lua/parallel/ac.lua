@@ -14,9 +14,10 @@
 --
 -- It applies to a model whose blocks are the children of `model.layers`
 -- (the TorchTitan layout every model in lua/models/ follows). A wrapped
--- block is called as block(x, ...) -> one tensor, and carries
--- `checkpointed = true` so the model's forward feeds it one tensor rather
--- than its fused (residual, branch) pair.
+-- block is called as block(x, ...) -> one tensor; a block that takes the
+-- residual stream as a fused (residual, branch) pair (forward_parts) takes
+-- it added into one tensor, so the model never knows which blocks are
+-- wrapped. `checkpointed = true` marks them for this file's own count.
 local autograd = require("titan.autograd")
 
 local M = {}
@@ -64,15 +65,45 @@ function M.apply(model, ac)
     local n = tonumber(name) and tonumber(name) + 1 or i
     if n % plan.every == 0 and not rawget(block, "checkpointed") then
       local forward, policy = block.forward, plan.policy -- the class's method
-      rawset(block, "forward", function(self, ...)
-        if policy then return autograd.checkpoint_ops(policy, forward, self, ...) end
-        return autograd.checkpoint(forward, self, ...)
-      end)
+      local function wrap(fn)
+        return function(self, ...)
+          if policy then return autograd.checkpoint_ops(policy, fn, self, ...) end
+          return autograd.checkpoint(fn, self, ...)
+        end
+      end
+      rawset(block, "forward", wrap(forward))
+      -- A block that takes the residual stream as two tensors,
+      -- forward_parts(x, prev, ...) -> h, f (x + prev in, h + f out: the adds
+      -- fused into its norms) keeps only its input here: one tensor, so
+      -- x + prev is added before it, and h + f comes out whole (f = nil).
+      local parts = block.forward_parts -- the class's
+      if type(parts) == "function" then
+        local whole = wrap(function(self, x, ...)
+          local h, f = parts(self, x, nil, ...)
+          return h + f
+        end)
+        rawset(block, "forward_parts", function(self, x, prev, ...)
+          local input = prev and x + prev or x
+          local h = whole(self, input, ...)
+          if input ~= x then input:free() end
+          return h, nil
+        end)
+      end
       rawset(block, "checkpointed", true)
     end
     if rawget(block, "checkpointed") then wrapped = wrapped + 1 end
   end
   return wrapped, #layers._children
+end
+
+-- The banner's line (lua/parallel/describe.lua): par, the job laid out.
+function M.describe(par)
+  if par.ac_blocks <= 0 then return nil end
+  -- (tflops and MFU count the model's FLOPs, not the recomputation's: as TorchTitan's)
+  local ac = par.ac
+  return ("activation checkpointing: %s, %d of %d blocks recompute their activations in the backward%s")
+    :format(ac.mode, par.ac_blocks, par.n_blocks, (ac.mode == "selective" and ac.selective_ac_option == "op")
+      and " (per op: attention and every other linear kept)" or "")
 end
 
 return M

@@ -207,18 +207,40 @@ function M.context(group, opts)
 end
 
 -- Make `model` (a lua/models/llama3.lua Transformer) context parallel over
--- `group`: model.cp, which its forward and its Attention modules read.
--- opts: as M.context's.
+-- `group` through its slots: the model's rope_positions (the tables cover
+-- the whole sequence), and each Attention's rope_slice (this rank's
+-- positions) and sdpa (attention over every rank's keys). opts: as
+-- M.context's. Returns the context.
 function M.apply(model, group, opts)
-  if type(model.cp_supported) ~= "function" or not model:cp_supported() then
-    error("cp: the model family has no context parallel attention (expected lua/models/llama3.lua)", 2)
+  if type(model.rope_positions) ~= "function" then
+    error("cp: the model family has no rope_positions slot (expected lua/models/llama3.lua's Transformer)", 2)
   end
   local ctx = M.context(group, opts)
-  rawset(model, "cp", ctx)
+  local n = group:size()
+  rawset(model, "rope_positions", function(_, T) return T * n end)
+  local found = 0
   for _, nm in ipairs(model:named_modules()) do
-    if getmetatable(nm[2]).__name == "Attention" then rawset(nm[2], "cp", ctx) end
+    local m = nm[2]
+    if type(m.sdpa) == "function" and type(m.rope_slice) == "function" then
+      rawset(m, "rope_slice", function(_, rope, T) return ctx:rope_tables(rope, T) end)
+      rawset(m, "sdpa", function(_, q, k, v) return ctx:attention(q, k, v) end)
+      found = found + 1
+    end
   end
+  if found == 0 then error("cp: the model has no attention with sdpa and rope_slice slots", 2) end
   return ctx
+end
+
+-- The banner's line (lua/parallel/describe.lua): par, the job laid out.
+function M.describe(par)
+  if not par.cp_group then return nil end
+  local cp, T = par.dims.cp, par.cfg.training.seq_len
+  return ("context parallel over %s: %d ranks per sequence, each holding %d of its %d tokens (of %d chunks, "
+    .. "rank r the r-th from the start and from the end: the same causal work); %s; gradients summed over the "
+    .. "data-parallel and context-parallel ranks%s"):format(require("parallel.describe").over(par), cp, T / cp, T, 2 * cp,
+    par.cp_rotate == "alltoall"
+    and "ring attention (alltoall): keys and values passed around the cp ranks a rank's share at a time"
+    or "keys and values all-gathered, their gradients reduce-scattered", par.fsdp and " (FSDP shards over both)" or "")
 end
 
 return M

@@ -132,4 +132,13 @@ function M.attach(model, group)
   return d
 end
 
+-- The banner's line (lua/parallel/describe.lua) for data parallelism
+-- without FSDP: par, the job laid out.
+function M.describe(par)
+  local say = require("parallel.describe")
+  return ("data parallel over %s: %d ranks (DDP: %s)%s; tps and MFU are per rank"):format(say.over(par),
+    par.dims.dp_size, par.ddp and "each block's gradients summed during the backward, on the communication stream"
+    or "gradients summed in ~25 MB buckets each step", say.each(par))
+end
+
 return M

@@ -183,11 +183,24 @@ function M.apply(model, group)
     for e = 0, E - 1 do
       if e < r * L or e >= (r + 1) * L then m.experts:remove(tostring(e)) end
     end
-    m.ep = setmetatable({ group = group, rank = r, size = n, L = L, E = E }, Ctx)
+    -- (the MoE layer's run_experts slot: its rows in expert order go to the ranks holding their experts)
+    local ctx = setmetatable({ group = group, rank = r, size = n, L = L, E = E }, Ctx)
+    rawset(m, "run_experts", function(self, routed, count) return ctx:run(self, routed, count) end)
     plan.lists[#plan.lists + 1] = m.experts
     plan.local_experts, plan.experts = L, E
   end
   return plan
+end
+
+-- The banner's line (lua/parallel/describe.lua): par, the job laid out.
+function M.describe(par)
+  local e = par.ep_plan
+  if not e then return nil end
+  return ("expert parallel over %s: each group of %d data-parallel ranks shares the %d experts of each of %d "
+    .. "MoE layers, %d per rank; each layer sends the tokens to their experts' ranks and the outputs back%s")
+    :format(require("parallel.describe").over(par), par.dims.ep, e.experts, e.layers, e.local_experts, e.sharded and ("; FSDP shards them over "
+    .. "the %d ranks holding the same ones"):format(e.replicas:size()) or e.replicas and ("; the experts' "
+    .. "gradients summed over the %d ranks holding the same ones"):format(e.replicas:size()) or "")
 end
 
 return M

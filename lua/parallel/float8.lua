@@ -213,4 +213,15 @@ function M.apply(model, opts)
   return done, skipped
 end
 
+-- The banner's line (lua/parallel/describe.lua): par, the job laid out.
+function M.describe(par)
+  local f = par.float8_count
+  if not f then return nil end
+  return ("float8: %d Linear layers multiply in fp8 (tensorwise dynamic scaling: e4m3 forward, e5m2 "
+    .. "gradients)%s%s%s"):format(f.done, #f.skipped > 0 and "; unconverted: " .. require("parallel.describe").counted(f.skipped) or "",
+    par.cfg.float8.enable_fsdp_float8_all_gather and "; FSDP gathers the converted weights in fp8, each shard "
+    .. "cast with the whole weight's scale" or "",
+    par.device == "cpu" and "; on the CPU the fp8 values are widened to f32 (the numerics, not the speed)" or "")
+end
+
 return M

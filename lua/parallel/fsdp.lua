@@ -714,4 +714,17 @@ function M.apply(model, group, opts)
   return self
 end
 
+-- The banner's line (lua/parallel/describe.lua): par, the job laid out.
+function M.describe(par)
+  local d, say = par.dims, require("parallel.describe")
+  local rep = d.dp_replicate > 1 and (" x %d replicas (HSDP: shard gradients then summed over the replicas)")
+    :format(d.dp_replicate) or ""
+  return ("data parallel over %s: %d ranks, FSDP over %d shards%s: each rank keeps %s of the parameters (and "
+    .. "that share of gradients and optimizer state), a block's full parameters only while it runs (reshard "
+    .. "after forward: %s)%s%s; tps and MFU are per rank"):format(say.over(par), d.dp_size, d.dp_shard * d.cp, rep,
+    ("%.1f MiB"):format(par.fsdp:sharded_bytes() / 2 ^ 20), par.cfg.parallelism.fsdp_reshard_after_forward,
+    par.fsdp_overlap and ("; on the communication stream, the next block's parameters gathered while one "
+      .. "computes and each block's gradients reduced during the backward") or "", say.each(par))
+end
+
 return M

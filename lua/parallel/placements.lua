@@ -49,20 +49,23 @@ local function tp_dim(name, plan, flags)
 end
 
 -- cfg: a resolved config; world, rank: the job's ranks and the one to
--- describe. The degrees' errors are the trainer's own lines.
-function M.job(cfg, world, rank)
-  local trainer = require("titan.trainer")
+-- describe. The degrees' errors are dims.lua's. opts.tp_flags: how TP
+-- splits (sequence, loss and vocabulary parallel: what the parallelize
+-- function declared; default the config's, as parallel.dims derives them);
+-- opts.tp, opts.fsdp: false where the parallelize function left TP or FSDP
+-- off although the degrees allow them (default: on where the degree is > 1).
+function M.job(cfg, world, rank, opts)
+  opts = opts or {}
   local par, t = cfg.parallelism, cfg.training
-  local rep, shard, tp, pp, cp = trainer.resolve_parallelism(par, world)
   local family = require("models." .. cfg.model.name)
   local function build_meta()
     return family.build(cfg.model.flavor, { device = "meta", dtype = t.mixed_precision_param,
       overrides = { max_seq_len = math.max(t.seq_len, family.args(cfg.model.flavor).max_seq_len) } })
   end
   local model = build_meta()
-  local dp_size = world / (pp * tp * cp)
-  local ep = trainer.check_expert_parallel({ dp_size = dp_size, cp = cp, dp_replicate = rep, dp_shard = shard }, cfg,
-    model)
+  local pd = require("parallel.dims").new(cfg, world)
+  local rep, shard, tp, pp, cp = pd.dp_replicate, pd.dp_shard, pd.tp, pd.pp, pd.cp
+  local ep = pd:check_experts(model, family)
   if tp > 1 then require("parallel.tp").check(model, family.tp_plan, tp) end
   local mesh = meshlib.from_parallelism({ pp = pp, dp_replicate = rep, dp_shard = shard, cp = cp, tp = tp, ep = ep },
     world, rank, { fake = true })
@@ -95,14 +98,13 @@ function M.job(cfg, world, rank)
   -- the flags the trainer derives for TP
   local plan = family.tp_plan or {}
   local flags = { colwise = set_of(plan.colwise), rowwise = set_of(plan.rowwise) }
+  if opts.tp == false then tp = 1 end
   if tp > 1 then
-    local tied = model.args.tie_embeddings
-    flags.loss_parallel = par.loss_parallel and not cfg.loss_fn and not cfg.train_step and plan.output ~= nil
-      and not tied
-    flags.vocab_parallel = not tied
+    local f = opts.tp_flags or pd:check_model(model, family).tp_flags
+    flags.loss_parallel, flags.vocab_parallel = f.loss_parallel, f.vocab_parallel
   end
   local pmesh = mesh:sub({ "dp_replicate", "dp_shard_cp", "tp" })
-  local fsdp = shard > 1
+  local fsdp = shard > 1 and opts.fsdp ~= false
   local replicas = ep > 1 and mesh:size("ep_replica") > 1
   local emesh = ep > 1 and mesh:sub("ep_replica")
   for _, m in ipairs(models) do

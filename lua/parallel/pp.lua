@@ -629,4 +629,18 @@ function Pipeline:forward_only(mbs, f)
   end)
 end
 
+-- The banner's line (lua/parallel/describe.lua): par, the job laid out.
+function M.describe(par)
+  if not par.pipe then return nil end
+  local L, parts = par.pipe.layout, {}
+  for s = 0, L.S - 1 do
+    local r = L.ranges[s]
+    parts[#parts + 1] = r[2] - r[1] > 1 and ("%d-%d"):format(r[1], r[2] - 1) or tostring(r[1])
+  end
+  return ("pipeline parallel: %d stages over %d ranks (%s, %d micro-batches of %d rows per batch); blocks "
+    .. "by stage: %s; stage s runs on pipeline rank s mod %d; tps and MFU are per rank"):format(L.S, par.dims.pp,
+    L.schedule, par.dims.n_microbatches, par.cfg.parallelism.pipeline_parallel_microbatch_size,
+    table.concat(parts, " | "), par.dims.pp)
+end
+
 return M

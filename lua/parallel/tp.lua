@@ -393,4 +393,17 @@ function M.combine(list)
   return out
 end
 
+-- The banner's line (lua/parallel/describe.lua): par, the job laid out.
+function M.describe(par)
+  if not par.tp_plan then return nil end
+  local f = par.tp_flags
+  return ("tensor parallel: %d ranks per replica split each block's heads and feed-forward units (%s); tps "
+    .. "and MFU are per rank"):format(par.dims.tp, (f.sequence_parallel and "sequence parallel: norms and the "
+    .. "residual stream split along the sequence, an all-gather into and a reduce-scatter out of each half-block"
+    or "two all-reduces of the activations per block each way") .. (f.vocab_parallel and "; the embedding "
+    .. "split by vocabulary" or "") .. (f.loss_parallel and "; loss parallel: "
+    .. "the output layer split by vocabulary, the loss from the slices" or (f.loss_parallel_off and
+    ("; loss parallel off: " .. f.loss_parallel_off) or "")))
+end
+
 return M

@@ -460,40 +460,10 @@ function M.validate(cfg)
     .. "job.dump_folder")
   need(not (prof.enable_profiling and t.cuda_graphs), "profiling.enable_profiling: not with training.cuda_graphs "
     .. "(a step replayed from a graph has no regions to time); profile with --training.cuda_graphs=false")
-  do
-    local ok, err = pcall(require("parallel.ac").plan, cfg.activation_checkpoint)
-    need(ok, tostring(err))
-  end
-  local conv = {}
-  for c in (cfg.model.converters .. ","):gmatch("%s*([^,]-)%s*,") do
-    if c ~= "" then
-      need(c == "float8", ("model.converters: '%s'; expected float8 (comma-separated)"):format(c))
-      conv[c] = true
-    end
-  end
-  need(require("parallel.float8").recipes[cfg.float8.recipe_name], ("float8.recipe_name = '%s'; expected tensorwise "
-    .. "(the one built)"):format(tostring(cfg.float8.recipe_name)))
-  need(not cfg.float8.enable_fsdp_float8_all_gather or conv.float8, "float8.enable_fsdp_float8_all_gather = true "
-    .. "without model.converters = float8; expected the converter too (there is nothing to gather in fp8)")
-  need(not conv.float8 or cfg.training.mixed_precision_param ~= "float64", "model.converters = float8 with "
-    .. "training.mixed_precision_param = float64; expected float32 or bfloat16")
-  local par = cfg.parallelism
-  need(require("parallel.cp").rotate_methods[par.context_parallel_rotate_method], ("parallelism."
-    .. "context_parallel_rotate_method = '%s'; expected allgather or alltoall"):format(
-    tostring(par.context_parallel_rotate_method)))
-  need(par.cp <= 1 or par.cp % 1 ~= 0 or t.seq_len % (2 * par.cp) == 0, ("training.seq_len = %d does not split into "
-    .. "2 x parallelism.cp = %d chunks; expected a multiple of %d"):format(t.seq_len, par.cp, 2 * par.cp))
-  need(require("parallel.pp").schedules[par.pipeline_parallel_schedule], "parallelism.pipeline_parallel_schedule "
-    .. "must be GPipe, 1F1B or Interleaved1F1B, got '" .. tostring(par.pipeline_parallel_schedule) .. "'")
-  local mbs = par.pipeline_parallel_microbatch_size
-  need(mbs >= 1 and mbs % 1 == 0 and t.local_batch_size % mbs == 0, ("parallelism.pipeline_parallel_microbatch_size "
-    .. "= %s must be a positive divisor of training.local_batch_size = %d"):format(tostring(mbs), t.local_batch_size))
-  local lps = par.pipeline_parallel_layers_per_stage
-  need(lps == -1 or (lps >= 1 and lps % 1 == 0), ("parallelism.pipeline_parallel_layers_per_stage = %s; expected a "
-    .. "positive number of blocks or -1"):format(tostring(lps)))
-  local raf = cfg.parallelism.fsdp_reshard_after_forward
-  need(require("parallel.fsdp").policies[raf], "parallelism.fsdp_reshard_after_forward must be default, always or "
-    .. "never, got '" .. tostring(raf) .. "'")
+  -- The keys of the parallel layer (activation checkpointing, float8, CP,
+  -- PP, FSDP): the model family checks them (lua/parallel/dims.lua).
+  local family = require("models." .. cfg.model.name)
+  if family.check_config then family.check_config(cfg, need) end
   -- The checkpoint manager checks its own section (it touches no files).
   require("titan.checkpoint.manager").new(cfg.checkpoint, {})
 end

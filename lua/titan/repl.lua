@@ -250,9 +250,10 @@ function M.job_opts(argv)
   end
   local config = require("titan.config")
   local cfg = config.resolve(config.load_recipe(recipe), keys)
-  local placements = require("parallel.placements")
+  -- (the layout comes from the model family's parallel layer: lua/parallel/placements.lua)
+  local parallel = require("models." .. cfg.model.name).parallel()
   local function at(r)
-    local job = placements.job(cfg, world, r)
+    local job = parallel.layout(cfg, world, r)
     env.job, env.mesh, env.model, env.params, env.cfg = job, job.mesh, job.model, job.params, cfg
     current = r
   end

@@ -24,8 +24,8 @@ local function same(a, b) return table.concat(a, ",") == table.concat(b, ",") en
 -- The transforms' own box of a parameter: FSDP's rows are rows of the TP slice.
 local function transforms_box(name)
   local ls, lo, gs, go
-  if tr.fsdp then ls, lo = tr.fsdp.shard_of(name) end
-  if tr.tp_plan then gs, go = tr.tp_plan.shard_of(name) end
+  if tr.par.fsdp then ls, lo = tr.par.fsdp.shard_of(name) end
+  if tr.par.tp_plan then gs, go = tr.par.tp_plan.shard_of(name) end
   if ls and gs then
     local off = {}
     for d = 1, #gs do off[d] = go[d] + lo[d] end
@@ -52,7 +52,7 @@ for _, name in ipairs(job.names) do
   assert(same(off, box.offset), ("rank %d %s: offset %s in the trainer, %s in the layout (%s)"):format(env.rank, name,
     table.concat(off, ","), table.concat(box.offset, ","), tostring(d)))
   local p = locals[name]
-  if p and p:numel() > 0 and tr.fsdp == nil then
+  if p and p:numel() > 0 and tr.par.fsdp == nil then
     assert(same(p:shape(), box.shape), ("rank %d %s: local %s, layout %s"):format(env.rank, name,
       table.concat(p:shape(), "x"), table.concat(box.shape, "x")))
   end
