@@ -30,6 +30,9 @@ static const char *tt_usage =
     "usage: titan SCRIPT.lua [ARGS...]   run a script with the library loaded\n"
     "       titan RECIPE.lua [--section.key=value ...] [--print-config] [--help]\n"
     "                                    train a recipe (--help: every config key, value and meaning)\n"
+    "       titan RECIPE.lua --dry-run [...]  the job's start-up and two steps on the meta device: banner, estimate\n"
+    "       titan estimate RECIPE.lua --world N [--device h100|h200|cpu] [--json] [...]\n"
+    "                                    memory, FLOPs, communication and step time of a layout, no hardware\n"
     "       titan generate RECIPE.lua|CHECKPOINT_DIR --prompt TEXT   sample text from a model\n"
     "       titan ckpt inspect|verify|convert ...   checkpoints; Hugging Face import and export\n"
     "       titan data prepare|inspect ...          binary token files\n"
@@ -92,6 +95,10 @@ static int tt_traceback(lua_State *L) {
 static int tt_report(lua_State *L, int status) {
   if (status != 0) {
     const char *msg = lua_tostring(L, -1);
+    if (msg && !*msg) { /* an empty error: another rank says why (rank 0, once for all) */
+      lua_pop(L, 1);
+      return status;
+    }
     /* One of several ranks (mpirun, srun, simulated): say which, as only some may fail. */
     const char *rank = getenv("OMPI_COMM_WORLD_RANK"), *size = getenv("OMPI_COMM_WORLD_SIZE");
     if (!rank || !size) rank = getenv("SLURM_PROCID"), size = getenv("SLURM_NTASKS");
@@ -403,12 +410,16 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "test")) {
     /* Build first (a no-op when nothing changed), then ctest, the specs'
      * temporary files under build/test-tmp (tt_test_tmpname): emptied
-     * first, removed when every test passed, kept for a look otherwise. */
+     * first, removed when every test passed, kept for a look otherwise.
+     * As many tests at once as the machine has cores (most specs run one
+     * thread, or ranks waiting on each other); a -j given after wins. */
     char cmd[PATH_MAX * 4 + 1024];
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
     int n = snprintf(cmd, sizeof cmd,
                      "cmake --build '%s' --parallel >/dev/null && rm -rf '%s/test-tmp' && mkdir -p '%s/test-tmp' && "
-                     "TITAN_TEST_TMPDIR='%s/test-tmp' ctest --test-dir '%s' --output-on-failure",
-                     TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR);
+                     "TITAN_TEST_TMPDIR='%s/test-tmp' ctest --test-dir '%s' --output-on-failure --parallel %ld",
+                     TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR, cores);
     for (int i = 2; i < argc && n < (int)sizeof cmd - 64; i++) n += snprintf(cmd + n, sizeof cmd - n, " '%s'", argv[i]);
     if (n < (int)sizeof cmd - 64)
       snprintf(cmd + n, sizeof cmd - n, " && rm -rf '%s/test-tmp'", TITAN_BUILD_DIR);

@@ -67,6 +67,8 @@ typedef struct tt_storage {
   size_t nbytes;
   tt_device device;
   uint32_t streams; /* 1 << tt_stream_kind of each other stream that used it (tt_tensor_record_stream) */
+  uint32_t meta_live;    /* meta: the storage is there (tt_tensor_storage_free takes it away, as on a device) */
+  uint32_t meta_counted; /* meta: made while the meta device's accounting was on (dry runs) */
 } tt_storage;
 
 typedef struct tt_tensor {
@@ -172,9 +174,16 @@ typedef struct tt_mem_stats {
   int64_t num_alloc_retries; /* cache flushed and retried after a failure */
   int64_t num_ooms;
   int64_t pending; /* freed bytes whose reuse waits for another stream's work (in reserved) */
+  int64_t allocated_total; /* bytes handed out since the start, every request counted (what was written) */
 } tt_mem_stats;
 
+/* On the meta device (dry runs: no memory) the statistics count what the
+ * tensors made while its accounting is on would hold on a device, with the
+ * pools' size classes: allocated and its peak (reserved = allocated: nothing
+ * is cached). A model declared on meta before it (shapes only) is not
+ * counted. tt_memory_meta_accounting(on) returns the previous setting. */
 tt_status tt_memory_stats(tt_device dev, tt_mem_stats *out);
+int tt_memory_meta_accounting(int on);
 void tt_memory_reset_peak(tt_device dev);
 void tt_memory_empty_cache(tt_device dev);
 /* The pinned (page-locked) host buffers async checkpoints snapshot CUDA
@@ -698,6 +707,21 @@ void tt_group_free(tt_group *g);
 int tt_group_rank(const tt_group *g);
 int tt_group_size(const tt_group *g);
 const char *tt_group_backend(const tt_group *g);
+/* What this rank handed to g's collectives since g was made (or reset), by
+ * kind: calls and payload bytes. The payload is the tensor this rank puts
+ * in: all_reduce and broadcast its tensor, reduce_scatter its input (the
+ * whole), all_gather its output (the whole), all_to_all its input, a send
+ * what it sends, a receive what it receives (async and batched calls
+ * alike). Dry runs on the fake backend count the same as real runs. */
+typedef enum {
+  TT_COLL_ALL_REDUCE = 0, TT_COLL_REDUCE_SCATTER = 1, TT_COLL_ALL_GATHER = 2, TT_COLL_BROADCAST = 3,
+  TT_COLL_ALL_TO_ALL = 4, TT_COLL_SEND = 5, TT_COLL_RECV = 6, TT_COLL_KINDS = 7
+} tt_coll_kind;
+tt_status tt_group_traffic(const tt_group *g, int64_t *calls, int64_t *bytes, int n);
+/* While on, the fake backend's collectives do no arithmetic (a sum is this
+ * rank's values): titan estimate's dry runs. Returns the previous setting. */
+int tt_dist_fake_dry(int on);
+void tt_group_traffic_reset(tt_group *g);
 /* Ranks with the same color form a new group, ordered by key (as MPI_Comm_split). */
 tt_status tt_group_split(tt_group *g, int color, int key, tt_group **out);
 tt_status tt_dist_all_reduce(tt_group *g, tt_tensor *t, int op);

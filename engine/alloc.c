@@ -320,6 +320,7 @@ static void tt_stats_alloc(tt_mem_stats *s, size_t rounded, int hit) {
   if (hit) s->num_cache_hits++;
   else s->reserved += (int64_t)rounded;
   s->allocated += (int64_t)rounded;
+  s->allocated_total += (int64_t)rounded;
   if (s->allocated > s->peak_allocated) s->peak_allocated = s->allocated;
 }
 
@@ -369,6 +370,33 @@ static void tt_pending_collect_locked(tt_pool *pool, tt_device dev, const tt_ker
     }
     free(p);
   }
+}
+
+/* The meta device's accounting (dry runs, titan estimate): what the same
+ * tensors would hold on a device, rounded to the pools' size classes, so
+ * that a step run on meta has the allocated bytes and the peak a real one has. */
+static pthread_mutex_t tt_meta_lock = PTHREAD_MUTEX_INITIALIZER;
+static tt_mem_stats tt_meta_stats;
+static int tt_meta_on;
+
+int tt_memory_meta_accounting(int on) { return __atomic_exchange_n(&tt_meta_on, on ? 1 : 0, __ATOMIC_ACQ_REL); }
+int tt_meta_accounting_on(void) { return __atomic_load_n(&tt_meta_on, __ATOMIC_ACQUIRE); }
+
+void tt_meta_account(size_t nbytes, int sign) {
+  size_t rounded;
+  (void)tt_size_class(nbytes, &rounded);
+  pthread_mutex_lock(&tt_meta_lock);
+  if (sign > 0) {
+    tt_meta_stats.num_allocs++;
+    tt_meta_stats.allocated += (int64_t)rounded;
+    tt_meta_stats.allocated_total += (int64_t)rounded;
+    if (tt_meta_stats.allocated > tt_meta_stats.peak_allocated) tt_meta_stats.peak_allocated = tt_meta_stats.allocated;
+  } else {
+    tt_meta_stats.num_frees++;
+    tt_meta_stats.allocated -= (int64_t)rounded;
+  }
+  tt_meta_stats.reserved = tt_meta_stats.allocated;
+  pthread_mutex_unlock(&tt_meta_lock);
 }
 
 tt_status tt_alloc_raw(tt_device dev, size_t nbytes, void **out) {
@@ -586,9 +614,15 @@ tt_status tt_mempool_stats(const tt_mempool *mp, tt_mem_stats *out) {
 
 tt_status tt_memory_stats(tt_device dev, tt_mem_stats *out) {
   tt_pool *pool = tt_pool_of(dev);
+  if (dev.type == TT_META) {
+    pthread_mutex_lock(&tt_meta_lock);
+    *out = tt_meta_stats;
+    pthread_mutex_unlock(&tt_meta_lock);
+    return TT_OK;
+  }
   if (!pool) {
     memset(out, 0, sizeof *out);
-    return dev.type == TT_META ? TT_OK : tt_error_set(TT_ERR_DEVICE, "memory_stats: unknown device");
+    return tt_error_set(TT_ERR_DEVICE, "memory_stats: unknown device");
   }
   pthread_mutex_lock(&pool->lock);
   *out = pool->stats;
@@ -603,6 +637,12 @@ tt_status tt_memory_stats(tt_device dev, tt_mem_stats *out) {
 }
 
 void tt_memory_reset_peak(tt_device dev) {
+  if (dev.type == TT_META) {
+    pthread_mutex_lock(&tt_meta_lock);
+    tt_meta_stats.peak_allocated = tt_meta_stats.allocated;
+    pthread_mutex_unlock(&tt_meta_lock);
+    return;
+  }
   tt_pool *pool = tt_pool_of(dev);
   if (!pool) return;
   pthread_mutex_lock(&pool->lock);

@@ -118,9 +118,31 @@ static tt_status tt_chk_op(const char *name, int op) {
   return TT_OK;
 }
 
+/* One call of kind k carrying t's bytes (after validation: a refused call counts nothing). */
+static void tt_count(tt_group *g, int k, const tt_tensor *t) {
+  g->calls[k]++;
+  g->bytes[k] += (int64_t)(tt_tensor_numel(t) * (int64_t)tt_dtype_size(t->dtype));
+}
+
+tt_status tt_group_traffic(const tt_group *g, int64_t *calls, int64_t *bytes, int n) {
+  if (!g) return tt_error_set(TT_ERR_INVALID, "group_traffic: no group");
+  for (int k = 0; k < n && k < TT_COLL_KINDS; k++) {
+    if (calls) calls[k] = g->calls[k];
+    if (bytes) bytes[k] = g->bytes[k];
+  }
+  return TT_OK;
+}
+
+void tt_group_traffic_reset(tt_group *g) {
+  if (!g) return;
+  memset(g->calls, 0, sizeof g->calls);
+  memset(g->bytes, 0, sizeof g->bytes);
+}
+
 tt_status tt_dist_all_reduce(tt_group *g, tt_tensor *t, int op) {
   TT_TRY(tt_chk_op("all_reduce", op));
   TT_TRY(tt_chk_coll("all_reduce", g, t));
+  tt_count(g, TT_COLL_ALL_REDUCE, t);
   return g->be->all_reduce(g, t, op);
 }
 
@@ -129,6 +151,7 @@ tt_status tt_dist_reduce_scatter(tt_group *g, const tt_tensor *in, tt_tensor *ou
   TT_TRY(tt_chk_coll("reduce_scatter", g, in));
   TT_TRY(tt_chk_coll("reduce_scatter", g, out));
   TT_TRY(tt_chk_dim0("reduce_scatter", g, out, in));
+  tt_count(g, TT_COLL_REDUCE_SCATTER, in);
   return g->be->reduce_scatter(g, in, out, op);
 }
 
@@ -136,6 +159,7 @@ tt_status tt_dist_all_gather(tt_group *g, const tt_tensor *in, tt_tensor *out) {
   TT_TRY(tt_chk_coll("all_gather", g, in));
   TT_TRY(tt_chk_coll("all_gather", g, out));
   TT_TRY(tt_chk_dim0("all_gather", g, in, out));
+  tt_count(g, TT_COLL_ALL_GATHER, out);
   return g->be->all_gather(g, in, out);
 }
 
@@ -143,6 +167,7 @@ tt_status tt_dist_broadcast(tt_group *g, tt_tensor *t, int root) {
   if (root < 0 || root >= g->size)
     return tt_error_set(TT_ERR_INVALID, "broadcast: root %d is not in [0, %d)", root, g->size);
   TT_TRY(tt_chk_coll("broadcast", g, t));
+  tt_count(g, TT_COLL_BROADCAST, t);
   return g->be->broadcast(g, t, root);
 }
 
@@ -154,6 +179,7 @@ tt_status tt_dist_all_to_all(tt_group *g, const tt_tensor *in, tt_tensor *out) {
       in->shape[0] % g->size)
     return tt_error_set(TT_ERR_SHAPE, "all_to_all: in %s and out %s; expected equal sizes and dim 0 divisible by %d",
                         SHP(in, s1), SHP(out, s2), g->size);
+  tt_count(g, TT_COLL_ALL_TO_ALL, in);
   return g->be->all_to_all(g, in, out);
 }
 
@@ -171,12 +197,14 @@ static tt_status tt_chk_peer(const char *op, const tt_group *g, int peer, int ta
 tt_status tt_dist_send(tt_group *g, const tt_tensor *t, int peer, int tag) {
   TT_TRY(tt_chk_peer("send", g, peer, tag));
   TT_TRY(tt_chk_coll("send", g, t));
+  tt_count(g, TT_COLL_SEND, t);
   return g->be->send(g, t, peer, tag);
 }
 
 tt_status tt_dist_recv(tt_group *g, tt_tensor *t, int peer, int tag) {
   TT_TRY(tt_chk_peer("recv", g, peer, tag));
   TT_TRY(tt_chk_coll("recv", g, t));
+  tt_count(g, TT_COLL_RECV, t);
   return g->be->recv(g, t, peer, tag);
 }
 
@@ -191,10 +219,18 @@ struct tt_work {
   int coll;          /* a collective or a batch (wait_coll), else a send (wait) */
 };
 
+static tt_status isend_impl(tt_group *g, const tt_tensor *t, int peer, int tag, tt_work **out);
+
 tt_status tt_dist_isend(tt_group *g, const tt_tensor *t, int peer, int tag, tt_work **out) {
   *out = NULL;
   TT_TRY(tt_chk_peer("isend", g, peer, tag));
   TT_TRY(tt_chk_coll("isend", g, t));
+  tt_count(g, TT_COLL_SEND, t);
+  return isend_impl(g, t, peer, tag, out);
+}
+
+/* A send started (validated and counted by the caller). */
+static tt_status isend_impl(tt_group *g, const tt_tensor *t, int peer, int tag, tt_work **out) {
   tt_work *w = calloc(1, sizeof *w);
   if (!w) return tt_error_set(TT_ERR_OOM, "isend: out of host memory");
   w->g = g;
@@ -260,6 +296,7 @@ tt_status tt_dist_all_reduce_async(tt_group *g, tt_tensor *t, int op, tt_work **
   *out = NULL;
   TT_TRY(tt_chk_op("all_reduce_async", op));
   TT_TRY(tt_chk_coll("all_reduce_async", g, t));
+  tt_count(g, TT_COLL_ALL_REDUCE, t);
   struct coll_args a = { NULL, t, op };
   return coll_work("all_reduce_async", g, t, NULL, out, start_all_reduce, &a);
 }
@@ -270,6 +307,7 @@ tt_status tt_dist_reduce_scatter_async(tt_group *g, const tt_tensor *in, tt_tens
   TT_TRY(tt_chk_coll("reduce_scatter_async", g, in));
   TT_TRY(tt_chk_coll("reduce_scatter_async", g, out));
   TT_TRY(tt_chk_dim0("reduce_scatter_async", g, out, in));
+  tt_count(g, TT_COLL_REDUCE_SCATTER, in);
   struct coll_args a = { in, out, op };
   return coll_work("reduce_scatter_async", g, (tt_tensor *)in, out, w, start_reduce_scatter, &a);
 }
@@ -279,6 +317,7 @@ tt_status tt_dist_all_gather_async(tt_group *g, const tt_tensor *in, tt_tensor *
   TT_TRY(tt_chk_coll("all_gather_async", g, in));
   TT_TRY(tt_chk_coll("all_gather_async", g, out));
   TT_TRY(tt_chk_dim0("all_gather_async", g, in, out));
+  tt_count(g, TT_COLL_ALL_GATHER, out);
   struct coll_args a = { in, out, 0 };
   return coll_work("all_gather_async", g, (tt_tensor *)in, out, w, start_all_gather, &a);
 }
@@ -310,10 +349,18 @@ static tt_status tt_chk_batch(const char *name, tt_group *g, int n, const int *i
   return TT_OK;
 }
 
+static void tt_count_batch(tt_group *g, int n, const int *is_send, tt_tensor *const *ts) {
+  for (int i = 0; i < n; i++) tt_count(g, is_send[i] ? TT_COLL_SEND : TT_COLL_RECV, ts[i]);
+}
+
+static tt_status batch_p2p_impl(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
+                                const int *tags);
+
 tt_status tt_dist_batch_p2p_async(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
                                   const int *tags, tt_work **out) {
   *out = NULL;
   TT_TRY(tt_chk_batch("batch_p2p_async", g, n, is_send, ts, peers, tags));
+  tt_count_batch(g, n, is_send, ts);
   tt_work *w = calloc(1, sizeof *w);
   tt_tensor **held = calloc((size_t)(n > 0 ? n : 1), sizeof *held);
   if (!w || !held) {
@@ -324,7 +371,7 @@ tt_status tt_dist_batch_p2p_async(tt_group *g, int n, const int *is_send, tt_ten
   w->g = g;
   w->coll = 1;
   tt_status st = g->be->batch_p2p_async ? g->be->batch_p2p_async(g, n, is_send, ts, peers, tags, &w->req)
-                                        : tt_dist_batch_p2p(g, n, is_send, ts, peers, tags);
+                                        : batch_p2p_impl(g, n, is_send, ts, peers, tags);
   if (st != TT_OK) {
     free(held);
     free(w);
@@ -344,13 +391,20 @@ tt_status tt_dist_batch_p2p_async(tt_group *g, int n, const int *is_send, tt_ten
 tt_status tt_dist_batch_p2p(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
                             const int *tags) {
   TT_TRY(tt_chk_batch("batch_p2p", g, n, is_send, ts, peers, tags));
+  tt_count_batch(g, n, is_send, ts);
+  return batch_p2p_impl(g, n, is_send, ts, peers, tags);
+}
+
+/* The batch, validated and counted by the caller. */
+static tt_status batch_p2p_impl(tt_group *g, int n, const int *is_send, tt_tensor *const *ts, const int *peers,
+                                const int *tags) {
   if (g->be->batch_p2p) return g->be->batch_p2p(g, n, is_send, ts, peers, tags);
   /* sends started first, so that no receive waits on a send of this rank */
   tt_work **works = calloc((size_t)(n > 0 ? n : 1), sizeof *works);
   if (!works) return tt_error_set(TT_ERR_OOM, "batch_p2p: out of host memory");
   tt_status st = TT_OK;
   for (int i = 0; i < n && st == TT_OK; i++)
-    if (is_send[i]) st = tt_dist_isend(g, ts[i], peers[i], tags[i], &works[i]);
+    if (is_send[i]) st = isend_impl(g, ts[i], peers[i], tags[i], &works[i]);
   for (int i = 0; i < n && st == TT_OK; i++)
     if (!is_send[i]) st = g->be->recv(g, ts[i], peers[i], tags[i]);
   for (int i = 0; i < n; i++) {
@@ -362,9 +416,19 @@ tt_status tt_dist_batch_p2p(tt_group *g, int n, const int *is_send, tt_tensor *c
 }
 
 /* ---- the fake backend ---------------------------------------------------------
- * One process standing for rank r of N: every rank is assumed to hold the
- * same data as this one, so results have the right shapes and are exact
- * when N = 1 (sum over N identical copies = N x local; avg = local). */
+ * One process standing for rank r of N, for dry runs and layouts worked out
+ * offline (titan estimate, the REPL, --dry-run): every rank is assumed to
+ * hold the same data as this one, so results have the right shapes and are
+ * exact when N = 1 (sum over N identical copies = N x local; avg = local;
+ * on the meta device nothing is computed at all). Sends go nowhere and a
+ * receive leaves its buffer as it is, so a pipeline's schedule runs
+ * through. While a dry run is on (tt_dist_fake_dry: titan estimate) the
+ * collectives do no arithmetic at all: a sum is this rank's values, as the
+ * sizes a rank derives from them (expert parallelism's rows) must be. */
+
+static int tt_fake_dry;
+
+int tt_dist_fake_dry(int on) { return __atomic_exchange_n(&tt_fake_dry, on ? 1 : 0, __ATOMIC_ACQ_REL); }
 
 static tt_status fake_init(tt_group *g, const uint8_t *id, size_t n) {
   (void)g, (void)id, (void)n;
@@ -381,7 +445,7 @@ static tt_status fake_split(tt_group *g, int color, int key, tt_group *out) {
 }
 
 static tt_status fake_all_reduce(tt_group *g, tt_tensor *t, int op) {
-  if (op == TT_RED_SUM && g->size > 1) {
+  if (op == TT_RED_SUM && g->size > 1 && !__atomic_load_n(&tt_fake_dry, __ATOMIC_ACQUIRE)) {
     tt_tensor *out = t;
     return tt_op_unary(TT_SCALE, t, (double)g->size, &out);
   }
@@ -418,12 +482,14 @@ static tt_status fake_all_to_all(tt_group *g, const tt_tensor *in, tt_tensor *ou
   return tt_tensor_copy(out, in);
 }
 
-static tt_status fake_p2p(tt_group *g, const tt_tensor *t, int peer, int tag) {
-  (void)t, (void)tag;
-  return tt_error_set(TT_ERR_UNSUPPORTED, "send/recv: the fake backend has no peer %d to talk to (rank %d of %d)", peer,
-                      g->rank, g->size);
+static tt_status fake_send(tt_group *g, const tt_tensor *t, int peer, int tag) {
+  (void)g, (void)t, (void)peer, (void)tag;
+  return TT_OK;
 }
-static tt_status fake_recv(tt_group *g, tt_tensor *t, int peer, int tag) { return fake_p2p(g, t, peer, tag); }
+static tt_status fake_recv(tt_group *g, tt_tensor *t, int peer, int tag) {
+  (void)g, (void)t, (void)peer, (void)tag;
+  return TT_OK;
+}
 
 static tt_status fake_barrier(tt_group *g) {
   (void)g;
@@ -439,7 +505,7 @@ static const tt_dist_backend tt_fake = {
     .all_gather = fake_all_gather,
     .broadcast = fake_broadcast,
     .all_to_all = fake_all_to_all,
-    .send = fake_p2p,
+    .send = fake_send,
     .recv = fake_recv,
     .barrier = fake_barrier,
 };

@@ -54,6 +54,9 @@ struct tt_group {
    * tt_group_free came meanwhile: the last wait then frees the group, so
    * the order in which Lua's finalizers run at exit does not matter. */
   int works, free_pending;
+  /* What this rank handed to each kind of collective (tt_coll_kind): calls
+   * and payload bytes, counted where a call is validated (tt_group_traffic). */
+  int64_t calls[TT_COLL_KINDS], bytes[TT_COLL_KINDS];
 };
 
 const tt_dist_backend *tt_dist_backend_fake(void);

@@ -24,6 +24,9 @@ tt_status tt_device_report(tt_device dev);
 
 /* Caching allocator (alloc.c): per device, size-bucketed free lists. */
 tt_status tt_alloc_raw(tt_device dev, size_t nbytes, void **out);
+/* The meta device's accounting: a storage of nbytes counted in (sign 1) or out (-1). */
+void tt_meta_account(size_t nbytes, int sign);
+int tt_meta_accounting_on(void);
 void tt_free_raw(tt_device dev, void *ptr, size_t nbytes);
 /* tt_free_raw for a block that other streams (1 << tt_stream_kind) used. */
 void tt_free_raw_streams(tt_device dev, void *ptr, size_t nbytes, uint32_t streams);

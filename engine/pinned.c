@@ -23,7 +23,7 @@ static struct {
   const tt_kernels *be; /* whose host_alloc pinned the cached buffers */
   tt_cache cache;
   tt_mem_stats stats;
-} tt_pinned = {PTHREAD_MUTEX_INITIALIZER, NULL, {{NULL}, NULL}, {0, 0, 0, 0, 0, 0, 0, 0, 0}};
+} tt_pinned = {PTHREAD_MUTEX_INITIALIZER, NULL, {{NULL}, NULL}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0}};
 
 static void tt_pinned_flush_locked(void) {
   for (int c = 0; c < TT_NUM_CLASSES; c++) {

@@ -19,6 +19,7 @@ int64_t tt_tensor_live_count(void) { return __atomic_load_n(&tt_live_tensors, __
 static void tt_storage_release(tt_storage *s) {
   if (!s) return;
   if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
+    if (s->device.type == TT_META && s->meta_live && s->meta_counted) tt_meta_account(s->nbytes, -1);
     tt_free_raw_streams(s->device, s->data, s->nbytes, __atomic_load_n(&s->streams, __ATOMIC_ACQUIRE));
     free(s);
   }
@@ -85,6 +86,11 @@ tt_status tt_tensor_empty(int ndim, const int64_t *shape, int dtype, tt_device d
     free(s);
     tt_tensor_release(t);
     return st;
+  }
+  if (dev.type == TT_META) {
+    s->meta_live = 1;
+    s->meta_counted = (uint32_t)tt_meta_accounting_on();
+    if (s->meta_counted) tt_meta_account(s->nbytes, 1);
   }
   t->storage = s;
   t->dtype = dtype;
@@ -335,7 +341,12 @@ tt_status tt_tensor_check_storage(const char *op, const char *name, const tt_ten
 tt_status tt_tensor_storage_free(tt_tensor *t) {
   if (!t || !t->storage) return tt_error_set(TT_ERR_INVALID, "storage_free: no tensor");
   tt_storage *s = t->storage;
-  if (t->device.type == TT_META || !s->data) return TT_OK;
+  if (t->device.type == TT_META) {
+    if (s->meta_live && s->meta_counted) tt_meta_account(s->nbytes, -1);
+    s->meta_live = 0;
+    return TT_OK;
+  }
+  if (!s->data) return TT_OK;
   tt_free_raw_streams(s->device, s->data, s->nbytes, __atomic_exchange_n(&s->streams, 0u, __ATOMIC_ACQ_REL));
   s->data = NULL;
   return TT_OK;
@@ -344,12 +355,22 @@ tt_status tt_tensor_storage_free(tt_tensor *t) {
 tt_status tt_tensor_storage_alloc(tt_tensor *t) {
   if (!t || !t->storage) return tt_error_set(TT_ERR_INVALID, "storage_alloc: no tensor");
   tt_storage *s = t->storage;
-  if (t->device.type == TT_META || s->data || s->nbytes == 0) return TT_OK;
+  if (t->device.type == TT_META) {
+    if (!s->meta_live && s->nbytes > 0) {
+      s->meta_live = 1;
+      s->meta_counted = (uint32_t)tt_meta_accounting_on();
+      if (s->meta_counted) tt_meta_account(s->nbytes, 1);
+    }
+    return TT_OK;
+  }
+  if (s->data || s->nbytes == 0) return TT_OK;
   return tt_alloc_raw(s->device, s->nbytes, &s->data);
 }
 
 int tt_tensor_has_storage(const tt_tensor *t) {
-  return t && t->storage && (t->device.type == TT_META || t->storage->data || t->storage->nbytes == 0);
+  /* (on meta: unless its storage was freed, as a real one's is: dry runs follow FSDP's frees) */
+  return t && t->storage &&
+         (t->storage->data || t->storage->nbytes == 0 || (t->device.type == TT_META && t->storage->meta_live));
 }
 
 tt_status tt_tensor_contiguous(const tt_tensor *t, tt_tensor **out) {

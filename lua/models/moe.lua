@@ -102,7 +102,14 @@ function MoE:forward(x)
   local N, k, E = x2:size(1), self.m.top_k, self.m.num_experts
   local ids, w = self:route(x2)
   -- (token, choice) pairs in expert order, stable: pair p = token * k + choice
-  local flat = ids:to("cpu"):tolist_flat()
+  -- (on the meta device, a dry run's, the routing has no values: the pairs go round the experts, balanced)
+  local flat
+  if ids:is_meta() then
+    flat = {}
+    for p = 1, N * k do flat[p] = (p - 1) % E end
+  else
+    flat = ids:to("cpu"):tolist_flat()
+  end
   local count, first = {}, {}
   for e = 1, E do count[e] = 0 end
   for p = 1, N * k do count[flat[p] + 1] = count[flat[p] + 1] + 1 end

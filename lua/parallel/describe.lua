@@ -19,7 +19,8 @@ end
 
 -- What the collectives run over (on GPUs NCCL's; the threads then only feed the GPU).
 function M.over(par)
-  return par.dp and ({ nccl = "NCCL", ["local"] = "simulated ranks" })[par.dp:backend()] or "MPI"
+  return par.dp and ({ nccl = "NCCL", ["local"] = "simulated ranks", fake = "a dry run's fake groups" })[
+    par.dp:backend()] or "MPI"
 end
 
 function M.each(par)

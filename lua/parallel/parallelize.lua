@@ -58,13 +58,17 @@ end
 
 -- cfg: a resolved config; family: the model family's module; env:
 -- dist.env(); opts.print: the log (rank 0's); opts.parallelize: replaces
--- the family's (a recipe's `parallelize`).
+-- the family's (a recipe's `parallelize`). For dry runs (titan estimate):
+-- opts.device (where the weights go: "meta"), opts.root (the group of all
+-- ranks: a fake one), opts.fit_check = false, opts.accounting(on) (turned
+-- on while the weights get their memory, off around what only declares).
 function M.setup(cfg, family, env, opts)
   opts = opts or {}
   local t = cfg.training
   local pd = dims.new(cfg, env.world)
   local self = setmetatable({ cfg = cfg, family = family, dims = pd, rank = env.rank, world = env.world,
-    device = t.device, print = opts.print or print, models = {}, decl = {}, cp_ctxs = {}, ac_blocks = 0 }, Par)
+    device = opts.device or t.device, print = opts.print or print, models = {}, decl = {}, cp_ctxs = {}, ac_blocks = 0,
+    accounting = opts.accounting or function() end }, Par)
   for k, v in pairs(pd:coords(env.rank)) do self[k] = v end
   self.dp_size = pd.dp_size
   self.build_meta = function()
@@ -75,15 +79,15 @@ function M.setup(cfg, family, env, opts)
   self.flops_per_token, self.nparams = family.flops_per_token(model, t.seq_len)
   pd:check_model(model, family)
   self.n_blocks = model.args.n_layers
-  self:check_fit(env)
+  if opts.fit_check ~= false then self:check_fit(env) end
   -- The ranks meet (MPI starts) once the layout and the sizes are known to
   -- fit. On GPUs the tensors' groups are NCCL's (each rank on its own GPU);
   -- the MPI world group stays for what the host decides (the stop signal,
   -- the checkpoint's exchanges) and the groups' exchanges of Lua values.
   if env.world > 1 then
-    self.world_group = dist.world_group()
+    self.world_group = opts.root or dist.world_group()
     local root = self.world_group
-    if t.device ~= "cpu" then root = dist.nccl_world_group(tensor.device_of(t.device).index) end
+    if not opts.root and t.device ~= "cpu" then root = dist.nccl_world_group(tensor.device_of(t.device).index) end
     self.mesh = pd:build_mesh(env.rank, { group = root })
     -- (the data-parallel ranks, cp's included: the loss, the data's stop, the gradient sums)
     if pd.dp_size * pd.cp > 1 then self.dp = self.mesh:group("dp_cp") end
@@ -99,26 +103,42 @@ function M.setup(cfg, family, env, opts)
 end
 
 -- The parameters' memory against the host or the GPU, before any memory
--- is taken: weights + gradients + two f32 AdamW moments (+ f32 master
--- weights under bf16), each rank its share.
+-- is taken: what this rank holds of the parameters, their gradients and
+-- AdamW's state (two f32 moments, and f32 master weights under bf16), from
+-- the layout's placements (what titan estimate and the REPL's memory()
+-- report; activations come on top). On the CPU the ranks of one host share
+-- its memory (80% of it: the rest is the OS's and the data's). The line is
+-- said once, by rank 0; the other ranks stop without a word.
 function Par:check_fit(env)
   local cfg, t = self.cfg, self.cfg.training
-  local bytes_per = ({ float32 = 4, float64 = 8, bfloat16 = 2 })[t.mixed_precision_param] or 4
-  local need = self.nparams * (2 * bytes_per + 8 + (bytes_per < 4 and 4 or 0))
-  -- The host's memory is shared with the OS and the data: 80% of it. A GPU's
-  -- activations come on top; past its total the job cannot start at all.
   local total = metrics.device_memory_bytes(t.device)
-  local here = t.device == "cpu" and env.local_size or 1
-  local limit = total and (t.device == "cpu" and 0.8 * total or total)
-  if limit and need * here / self.dims:shards() > limit then
-    error(("trainer: %s %s has %.2fB parameters and needs ~%.0f GiB for weights, gradients and optimizer state "
-      .. "in %s%s, but %s has %.0f GiB; %s"):format(cfg.model.name, cfg.model.flavor, self.nparams / 1e9,
-      need / 2 ^ 30, t.mixed_precision_param, here > 1 and (" on each of the %d ranks on this host"):format(here)
-      or "", t.device == "cpu" and "this machine" or t.device, total / 2 ^ 30,
-      t.device == "cpu" and "shard it over more ranks (parallelism.dp_shard), train it on GPUs "
-      .. "(training.device=cuda), or pick a smaller flavor"
-      or "it needs sharding over several GPUs (the distributed work), or pick a smaller flavor"), 0)
+  if not total then return end
+  local cpu = t.device == "cpu"
+  local limit = cpu and 0.8 * total or total
+  local here = cpu and env.local_size or 1
+  local m = require("parallel.placements").job(cfg, env.world, env.rank):memory()
+  if m.total * here <= limit then return end
+  if env.rank ~= 0 then error("", 0) end
+  local function g(b) return b >= 10 * 2 ^ 30 and ("%.0f GiB"):format(b / 2 ^ 30) or ("%.2f GiB"):format(b / 2 ^ 30) end
+  local parts = ("(parameters %s, gradients %s, optimizer state %s, in %s; activations come on top)"):format(
+    g(m.params), g(m.grads), g(m.optimizer), t.mixed_precision_param)
+  local need, advice
+  if cpu and here > 1 then
+    need = ("~%s on each of the %d ranks on this host %s, %s together, but this machine has %s (%s for training)")
+      :format(g(m.total), here, parts, g(m.total * here), g(total), g(limit))
+    advice = "more ranks on this host do not help (they share its memory): train it on GPUs (training.device=cuda), "
+      .. "over several hosts, or pick a smaller flavor"
+  elseif cpu then
+    need = ("~%s %s, but this machine has %s (%s for training)"):format(g(m.total), parts, g(total), g(limit))
+    advice = "shard it over ranks on several hosts (parallelism.dp_shard), train it on GPUs (training.device=cuda), "
+      .. "or pick a smaller flavor"
+  else
+    need = ("~%s on each rank %s, but %s has %.0f GiB"):format(g(m.total), parts, t.device, total / 2 ^ 30)
+    advice = "shard it over more GPUs (parallelism.dp_shard, tp or pp), or pick a smaller flavor; titan estimate "
+      .. "RECIPE --world N --device h100 tells what a layout needs, activations included"
   end
+  error(("trainer: %s %s has %.2fB parameters and needs %s; %s"):format(cfg.model.name, cfg.model.flavor,
+    self.nparams / 1e9, need, advice), 0)
 end
 
 -- Is a parallelism on ("tp", "fsdp", "dp", ...: dims.lua).
@@ -240,7 +260,8 @@ end
 local function init_fn(family, m, seed) return function(names) family.init_weights(m, seed, names) end end
 
 function Par:finish(model)
-  local cfg, t, family = self.cfg, self.cfg.training, self.family
+  local cfg, family = self.cfg, self.family
+  local t = setmetatable({ device = self.device }, { __index = cfg.training }) -- (the weights' device)
   local seed = t.seed
   local models = self.models[1] and self.models or { model }
   self.models = models
@@ -266,6 +287,7 @@ function Par:finish(model)
   end
   -- Materialize: TP takes its slices a weight at a time, FSDP its shards a
   -- block at a time (a rank never holds the whole model, not even at the start).
+  self.accounting(true)
   local plans = {}
   for _, m in ipairs(models) do
     local tpd = self.decl[m] and self.decl[m].tp
@@ -292,7 +314,7 @@ function Par:finish(model)
     end
     self.ep_plan.params = set
   end
-  if fs then self:shard(models, fs) end
+  if fs then self:shard(models, fs, t) end
   -- DDP on GPUs: each block's gradients summed during the backward, on the
   -- communication stream. (mpi's collectives block: nothing to overlap; TP
   -- and PP reduce their own way; a mixture of experts' experts have
@@ -317,6 +339,7 @@ function Par:finish(model)
     local dp, tp = self.dp, self.tp_group
     self.token_counts = { sum_numbers = function(_, c) return tp:sum_numbers(dp and dp:sum_numbers(c) or c) end }
   end
+  self.accounting(false)
   -- Checkpoint boxes (and HF import's) from the parameters' placements
   -- (lua/parallel/placements.lua; tests/lua/placements_spec.lua checks them
   -- against what the transforms made), and each gradient's placements:
@@ -336,8 +359,8 @@ end
 -- when its ep group is all the data-parallel ranks; otherwise an FSDP of
 -- their own shards them over the ranks holding the same experts (the
 -- replicas: TorchTitan's dp_shard_mod_ep), which sums their gradients.
-function Par:shard(models, fs)
-  local cfg, t, family = self.cfg, self.cfg.training, self.family
+function Par:shard(models, fs, t)
+  local cfg, family = self.cfg, self.family
   local fsdp = require("parallel.fsdp")
   -- (on nccl the gathers and reductions overlap computation; mpi's block, so there is nothing to gain)
   local opts = { replicate = fs.replicate, reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward,

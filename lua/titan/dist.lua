@@ -257,6 +257,22 @@ function Group:sum_numbers(list)
   return out
 end
 
+-- What this rank handed to the group's collectives since it was made (or
+-- reset): { calls = {kind = n}, bytes = {kind = n} }, kinds all_reduce,
+-- reduce_scatter, all_gather, broadcast, all_to_all, send, recv (the
+-- payload each counts: bindings/titan.h, tt_group_traffic).
+local KINDS = { "all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "send", "recv" }
+function Group:traffic()
+  local calls, bytes = ffi.new("int64_t[?]", #KINDS), ffi.new("int64_t[?]", #KINDS)
+  check(C.tt_group_traffic(self._c, calls, bytes, #KINDS), 2)
+  local out = { calls = {}, bytes = {} }
+  for i, k in ipairs(KINDS) do
+    out.calls[k], out.bytes[k] = tonumber(calls[i - 1]), tonumber(bytes[i - 1])
+  end
+  return out
+end
+function Group:reset_traffic() C.tt_group_traffic_reset(self._c) end
+
 function Group:free()
   if self._c ~= nil then
     ffi.gc(self._c, nil)

@@ -97,6 +97,7 @@ function titan.memory_stats(device)
     num_alloc_retries = tonumber(stats.num_alloc_retries),
     num_ooms = tonumber(stats.num_ooms),
     pending = tonumber(stats.pending), -- freed, waiting for another stream's work before reuse
+    allocated_total = tonumber(stats.allocated_total), -- every request since the start (bytes written)
   }
 end
 -- memory_info("cpu" | "cuda:N") -> free, total bytes of the device itself (the host's MemAvailable and

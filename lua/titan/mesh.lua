@@ -579,6 +579,36 @@ function Mesh:group(dims)
   return g
 end
 
+-- The process groups this mesh has made so far, each with a label naming
+-- the dims it spans ("tp", "dp_shard_cp", "dp_replicate x dp_shard", "ep";
+-- "world" for the whole mesh): { { label =, group = }, ... } in a fixed order.
+function Mesh:made_groups()
+  local out = {}
+  for k, g in pairs(self._groups) do
+    local label
+    local views = self._views
+    if k:sub(1, 2) == "v:" then label = k:sub(3) end
+    if not label then
+      local idx = k:match("^d(.*)$")
+      if idx then
+        local names = {}
+        for i in idx:gmatch("%d+") do names[#names + 1] = self._names[tonumber(i)] end
+        label = #names == #self._names and "world" or table.concat(names, " x ")
+        -- (a flattened view spanning exactly these dims is named by it)
+        for _, vname in ipairs(self._view_order) do
+          local v = views[vname]
+          if v.dims and dims_key(v.dims) == k then label = vname end
+        end
+      else
+        label = k
+      end
+    end
+    out[#out + 1] = { label = label, group = g }
+  end
+  table.sort(out, function(a, b) return a.label < b.label end)
+  return out
+end
+
 -- Frees the groups this mesh made (not the root group it was given); its
 -- sub-meshes' groups are this mesh's. A later m:group() makes them again.
 function Mesh:free()

@@ -292,6 +292,10 @@ function M.tensor(data, opts)
     walk(data, 1)
   end
   local t = M.empty(shape, { dtype = opts.dtype, device = opts.device })
+  if M.dry_run and t:is_meta() then -- (a dry run's: the shape, not the values)
+    if opts.requires_grad then t.requires_grad = true end
+    return t
+  end
   local buf = ffi.new("double[?]", math.max(#flat, 1), flat)
   check(C.tt_tensor_from_f64(t._c, buf, #flat), 2)
   if opts.requires_grad then t.requires_grad = true end
@@ -377,8 +381,18 @@ function Tensor:double() return self:to("float64") end
 
 -- ---- reading values --------------------------------------------------------------
 
+-- M.dry_run: set while titan estimate runs a step on the meta device, where
+-- a value read from a tensor (a loss, a count) reads as 0; otherwise
+-- reading a meta tensor is an error (it has no data).
+M.dry_run = false
+
 function Tensor:tolist_flat()
   local n = self:numel()
+  if M.dry_run and self:is_meta() then
+    local out = {}
+    for i = 1, n do out[i] = 0 end
+    return out
+  end
   local buf = ffi.new("double[?]", math.max(n, 1))
   check(C.tt_tensor_to_f64(cptr(self), buf, n), 2)
   local out = {}
@@ -390,6 +404,7 @@ function Tensor:item()
   if self:numel() ~= 1 then
     error("item: tensor of shape " .. shape_str(self:shape()) .. " has " .. self:numel() .. " elements; expected 1", 2)
   end
+  if M.dry_run and self:is_meta() then return 0 end
   local buf = ffi.new("double[1]")
   check(C.tt_tensor_to_f64(cptr(self), buf, 1), 2)
   return buf[0]

@@ -229,7 +229,13 @@ function Trainer:build_metrics()
   if self.profiler then mkdir_p(self:traces_folder(), "profiling.save_traces_folder") end
   local peak = cfg.metrics.peak_flops
   local measured = peak <= 0 and t.device == "cpu"
-  if peak <= 0 then peak = measured and metrics.measure_cpu_peak_flops() or 989e12 end
+  -- (the measurement's matrices are not the job's: the memory peak the log reports starts after them)
+  local function measure()
+    local v = metrics.measure_cpu_peak_flops()
+    titan.reset_peak_memory(t.device)
+    return v
+  end
+  if peak <= 0 then peak = measured and measure() or 989e12 end
   self.peak_flops = peak
   local tb
   if cfg.metrics.enable_tensorboard and self.rank == 0 then
@@ -243,7 +249,7 @@ function Trainer:build_metrics()
   self.logger = metrics.Logger({
     jsonl_path = cfg.metrics.enable_jsonl and self.rank == 0 and (cfg.job.dump_folder .. "/metrics.jsonl") or nil,
     tensorboard = tb, device = t.device, peak_flops = peak, flops_per_token = self.flops_per_token, rank = self.rank,
-    print = self.print, remeasure_peak = measured and metrics.measure_cpu_peak_flops or nil,
+    print = self.print, remeasure_peak = measured and measure or nil,
   })
   self.step = 0
 end
@@ -571,17 +577,37 @@ function Trainer:close()
   self.logger:close()
 end
 
+-- --dry-run: the job's whole start-up on the meta device (config, mesh,
+-- parallelize, data, checkpoint plan) and two steps without the math, for
+-- every pipeline stage's ranks; rank 0 prints the banner and the estimate
+-- (lua/titan/estimate.lua) for the job's world (titan --nproc N or
+-- --simulate N: the same). Nothing is written.
+function M.dry_run(cfg)
+  local env = dist.env()
+  if env.rank ~= 0 then return {} end
+  local est = require("titan.estimate")
+  local rep = est.run(cfg, env.world, { startup = true })
+  for _, line in ipairs(rep.roles[1].banner) do print(line) end
+  print(est.format(rep))
+  io.stdout:flush()
+  return rep
+end
+
 -- Entry point: a recipe table and the command-line arguments.
 function M.run(recipe, argv)
-  local rest, help = {}, false
+  local rest, help, dry = {}, false, false
   for _, a in ipairs(argv or {}) do
-    if a == "--help" or a == "-h" then help = true else rest[#rest + 1] = a end
+    if a == "--help" or a == "-h" then help = true
+    elseif a == "--dry-run" then dry = true
+    else rest[#rest + 1] = a end
   end
+  argv = rest
   if help then
     print(config.help(config.resolve(recipe, rest), arg and arg[0]))
     return {}
   end
   local cfg = config.resolve(recipe, argv)
+  if dry then return M.dry_run(cfg) end
   if cfg.job.print_config then
     print(config.dump(cfg))
     return cfg
