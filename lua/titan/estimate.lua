@@ -97,6 +97,7 @@ local function startup(tr, d)
   tr.flops_per_token, tr.nparams = tr.par.flops_per_token, tr.par.nparams
   tr.peak_flops = cfg.metrics.peak_flops > 0 and cfg.metrics.peak_flops
     or (d.tflops[cfg.training.mixed_precision_param] or d.tflops.float32) * 1e12
+  tr.peak_source = cfg.metrics.peak_flops > 0 and "configured" or ("%s, the device table's"):format(d.name)
   local lines = {}
   tr.print = function(line) lines[#lines + 1] = line end
   tr:banner()

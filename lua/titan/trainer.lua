@@ -318,7 +318,8 @@ function Trainer:banner()
   self.print(("batch %d x %d tokens x %d accumulation = %s tokens/step | %d steps | peak %.1f GFLOP/s (%s) | %s FLOPs/token")
     :format(t.local_batch_size, t.seq_len, self.grad_accum,
       metrics.commas(t.local_batch_size * t.seq_len * self.grad_accum * self.dp_size), t.steps, self.peak_flops / 1e9,
-      self.cfg.metrics.peak_flops > 0 and "configured" or "measured", metrics.commas(self.flops_per_token)))
+      self.peak_source or (self.cfg.metrics.peak_flops > 0 and "configured" or "measured"),
+      metrics.commas(self.flops_per_token)))
   -- (the layout's lines: each parallelism's own, lua/parallel/describe.lua)
   for _, line in ipairs(self.par:describe()) do self.print(line) end
   if t.gemm_autotune then
