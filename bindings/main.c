@@ -411,15 +411,14 @@ int main(int argc, char **argv) {
     /* Build first (a no-op when nothing changed), then ctest, the specs'
      * temporary files under build/test-tmp (tt_test_tmpname): emptied
      * first, removed when every test passed, kept for a look otherwise.
-     * As many tests at once as the machine has cores (most specs run one
-     * thread, or ranks waiting on each other); a -j given after wins. */
+     * One test at a time: most use every core already (OpenMP's threads,
+     * or ranks), and two at once oversubscribe them (OpenMP's waits spin:
+     * a 2-core run took twice the CPU time). */
     char cmd[PATH_MAX * 4 + 1024];
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (cores < 1) cores = 1;
     int n = snprintf(cmd, sizeof cmd,
                      "cmake --build '%s' --parallel >/dev/null && rm -rf '%s/test-tmp' && mkdir -p '%s/test-tmp' && "
-                     "TITAN_TEST_TMPDIR='%s/test-tmp' ctest --test-dir '%s' --output-on-failure --parallel %ld",
-                     TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR, cores);
+                     "TITAN_TEST_TMPDIR='%s/test-tmp' ctest --test-dir '%s' --output-on-failure",
+                     TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR, TITAN_BUILD_DIR);
     for (int i = 2; i < argc && n < (int)sizeof cmd - 64; i++) n += snprintf(cmd + n, sizeof cmd - n, " '%s'", argv[i]);
     if (n < (int)sizeof cmd - 64)
       snprintf(cmd + n, sizeof cmd - n, " && rm -rf '%s/test-tmp'", TITAN_BUILD_DIR);

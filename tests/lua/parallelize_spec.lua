@@ -64,8 +64,6 @@ describe("a recipe's parallelize", function()
   -- sums on the host and on the device path (f64 tensors; the CPU backend runs it too).
   local norm_layouts = {
     { 4, { "--parallelism.tp=2", "--parallelism.dp_shard=2", "--training.local_batch_size=2" } },
-    { 4, { "--model.flavor=debugmodel_moe", "--parallelism.dp_shard=4", "--parallelism.expert_parallel_degree=2",
-      "--training.local_batch_size=2" } },
   }
   for _, l in ipairs(norm_layouts) do
     it("gives the same gradient norms on the host and the device path: " .. table.concat(l[2], " "), function()
