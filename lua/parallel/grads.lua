@@ -69,18 +69,6 @@ local function all_reduce_bucketed(group, params, set)
   flush()
 end
 
--- The gradients of the parameters in `set` summed over group, in one buffer.
-local function all_reduce_set(group, params, set)
-  local gs, n = {}, 0
-  for _, p in ipairs(params) do
-    if set[p] and p.grad then
-      gs[#gs + 1] = p.grad
-      n = n + p.grad:numel()
-    end
-  end
-  if n > 0 then all_reduce_packed(group, gs, n) end
-end
-
 -- The Shard dims a norm sums over, in this order; the Partial dims sync sums over, in this order.
 M.SHARD_ORDER = { "tp", "dp_shard_cp", "ep", "ep_replica", "pp" }
 M.PARTIAL_ORDER = { "tp", "dp_cp", "ep_replica" }

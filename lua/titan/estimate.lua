@@ -21,8 +21,10 @@
 --   time        a roofline: compute at the device's peak for the parameters' dtype, each dim's bytes
 --               at its link's bandwidth (ring all-reduce 2(n-1)/n, gathers and scatters (n-1)/n,
 --               point to point 1), overlapped (max) and not (sum)
--- Only this rank's roles are run: one per pipeline stage (the ranks of a
--- stage hold and do the same; routing is taken as balanced over the experts).
+-- One rank per pipeline stage is run (the ranks of a stage hold and do the
+-- same; routing is taken as balanced over the experts). The dry run's
+-- tensors are dropped with its trainer and collected before the next role,
+-- whose figures are measured from what is held when it starts.
 local titan = require("titan")
 local dist = require("titan.dist")
 local tensor = require("titan.tensor")
