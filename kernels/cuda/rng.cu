@@ -64,7 +64,7 @@ __device__ __forceinline__ double tt_d_u01(uint32_t a, uint32_t b) {
 /* One Horner step p * w + c, rounded twice as the CPU does. */
 __device__ __forceinline__ double tt_d_horner(double p, double w, double c) { return __dadd_rn(c, __dmul_rn(p, w)); }
 
-/* Giles' erfinv refined by two Newton steps (rng.c's tt_erfinv). */
+/* Giles' erfinv, no Newton steps (rng.c's tt_erfinv). */
 __device__ double tt_d_erfinv(double x) {
   if (x <= -1) return -INFINITY;
   if (x >= 1) return INFINITY;
@@ -135,12 +135,7 @@ __device__ double tt_d_erfinv(double x) {
     p = tt_d_horner(p, w, 1.0103004648645343977);
     p = tt_d_horner(p, w, 4.8499064014085844221);
   }
-  double y = __dmul_rn(p, x);
-  for (int i = 0; i < 2; i++) { /* Newton on erf(y) - x */
-    double err = __dsub_rn(erf(y), x);
-    y = __dsub_rn(y, __ddiv_rn(err, __dmul_rn(1.1283791670955126, exp(__dmul_rn(-y, y)))));
-  }
-  return y;
+  return __dmul_rn(p, x);
 }
 
 __device__ __forceinline__ double tt_d_draw(int kind, uint64_t seed, uint64_t ctr, double p0, double p1, double p2,

@@ -224,12 +224,22 @@ static bool emu_reverse(void) {
 
 /* The next runnable fiber after f among [lo, hi), cyclically (before f,
  * in reverse order); NULL if none. */
-static emu_fiber *emu_next_run(emu_block_runner *r, emu_fiber *f, size_t lo, size_t hi) {
-  const size_t i = (size_t)(f - r->fibers.data()), span = hi - lo;
-  const bool rev = emu_reverse();
-  for (size_t k = 1; k < span; k++) {
-    emu_fiber *g = &r->fibers[lo + (i - lo + (rev ? span - k : k)) % span];
-    if (g->state == F_RUN) return g;
+static inline __attribute__((always_inline)) emu_fiber *emu_next_run(emu_block_runner *r, emu_fiber *f, size_t lo,
+                                                                     size_t hi) {
+  /* (no modulo: a shuffle waits here once a lane, ~10^8 times in a small
+   * training step, and the division was a sixth of the emulator's time) */
+  emu_fiber *fb = r->fibers.data();
+  const size_t i = (size_t)(f - fb);
+  if (!emu_reverse()) {
+    for (size_t j = i + 1; j < hi; j++)
+      if (fb[j].state == F_RUN) return &fb[j];
+    for (size_t j = lo; j < i; j++)
+      if (fb[j].state == F_RUN) return &fb[j];
+  } else {
+    for (size_t j = i; j-- > lo;)
+      if (fb[j].state == F_RUN) return &fb[j];
+    for (size_t j = hi; j-- > i + 1;)
+      if (fb[j].state == F_RUN) return &fb[j];
   }
   return NULL;
 }
@@ -386,15 +396,18 @@ static bool emu_resolve_warp(emu_block_runner *r, size_t w) {
       emu_die("kernel %s: %s shuffles with mask 0x%08x, which leaves out its own lane", r->kernel, a, f->mask);
     }
   }
+  /* (width is a power of 2, checked by tt_emu_shuffle: masks, not the
+   * three divisions a lane that took a tenth of the emulator's time) */
+  const int m = first->width - 1;
   for (size_t i = lo; i < hi; i++) {
     emu_fiber *f = &r->fibers[i];
-    const int lane = (int)(i - lo), w_ = f->width, base = lane / w_ * w_;
-    int src = f->mode == 0 ? base + ((f->arg % w_) + w_) % w_ : lane ^ f->arg;
-    if (f->mode == 1 && src / w_ != lane / w_) src = lane; /* outside the segment: own value */
+    const int lane = (int)(i - lo), base = lane & ~m;
+    int src = f->mode == 0 ? base + (f->arg & m) : lane ^ f->arg;
+    if (f->mode == 1 && (src & ~m) != base) src = lane; /* outside the segment: own value */
     if ((size_t)src + lo >= hi) emu_die("kernel %s: shuffle from lane %d beyond the block", r->kernel, src);
     f->result = r->fibers[lo + src].bits;
+    f->state = F_RUN; /* (only the bits are read across lanes) */
   }
-  for (size_t i = lo; i < hi; i++) r->fibers[i].state = F_RUN;
   return true;
 }
 

@@ -8,7 +8,8 @@ local dist = require("titan.dist")
 local titan = require("titan")
 local trainer = require("titan.trainer")
 
-local keys = { "--validation.enable=false", "--metrics.enable_jsonl=false", "--checkpoint.enable=false",
+local keys = { "--validation.enable=false", "--metrics.enable_jsonl=false",
+  "--metrics.peak_flops=1e11", "--checkpoint.enable=false",
   "--training.steps=2", "--job.dump_folder=" .. os.tmpname() .. ".d" }
 for _, a in ipairs(arg) do keys[#keys + 1] = a end
 local cfg = config.resolve(config.load_recipe("lua/recipes/llama3_debugmodel.lua"), keys)

@@ -6,7 +6,8 @@ local config = require("titan.config")
 local dist = require("titan.dist")
 local trainer = require("titan.trainer")
 
-local keys = { "--validation.enable=false", "--metrics.enable_jsonl=false", "--training.steps=2",
+local keys = { "--validation.enable=false", "--metrics.enable_jsonl=false",
+  "--metrics.peak_flops=1e11", "--training.steps=2",
   "--checkpoint.enable=false", "--training.seq_len=32", "--training.max_norm=0.5", "--metrics.log_freq=1",
   "--lr_scheduler.warmup_steps=2", "--training.shuffle=false" }
 for _, a in ipairs(arg) do keys[#keys + 1] = a end

@@ -7,7 +7,8 @@ local dist = require("titan.dist")
 local trainer = require("titan.trainer")
 
 local recipe = config.load_recipe(arg[1])
-local keys = { "--validation.enable=false", "--metrics.enable_jsonl=false", "--training.steps=0",
+local keys = { "--validation.enable=false", "--metrics.enable_jsonl=false",
+  "--metrics.peak_flops=1e11", "--training.steps=0",
   "--checkpoint.enable=false", "--job.dump_folder=" .. os.tmpname() .. ".d" }
 for i = 2, #arg do keys[#keys + 1] = arg[i] end
 local cfg = config.resolve(recipe, keys)

@@ -12,7 +12,8 @@ local trainer = require("titan.trainer")
 local placements = require("parallel.placements")
 
 local recipe = dofile("lua/recipes/llama3_debugmodel.lua")
-local keys = { "--validation.enable=false", "--metrics.enable_jsonl=false", "--training.steps=1",
+local keys = { "--validation.enable=false", "--metrics.enable_jsonl=false",
+  "--metrics.peak_flops=1e11", "--training.steps=1",
   "--job.dump_folder=" .. os.tmpname() .. ".d" }
 for _, a in ipairs(arg) do keys[#keys + 1] = a end
 local cfg = config.resolve(recipe, keys)
