@@ -460,7 +460,9 @@ tt_status tt_op_global_norm(int n, tt_tensor *const *ts, double *out);
  * tt_op_global_norm_dev: out (f64, 2 contiguous elements, on the tensors'
  * one device) receives out[0] = the norm as tt_op_global_norm computes it,
  * out[1] = max_norm / (norm + 1e-6) when norm > max_norm > 0, else 1 (the
- * clip coefficient). Nothing is read back. */
+ * clip coefficient). With a third element, out[2] is incremented when the
+ * norm is NaN or inf: a running count of the steps tt_op_adamw_multi_dev
+ * skips, read back whenever the host likes. Nothing is read back. */
 tt_status tt_op_global_norm_dev(int n, tt_tensor *const *ts, double max_norm, tt_tensor *out);
 /* out[0 .. 2n] (host floats): the step's scalars for tt_op_adamw_multi_dev,
  * exactly as tt_op_adamw_multi rounds them: out[0] = 1 - lr * weight_decay,
@@ -473,7 +475,9 @@ tt_status tt_adamw_scalars(int n, double lr, double beta1, double beta2, double 
  * tt_adamw_scalars writes them) when the kernels run. norm_clip: NULL, or
  * tt_op_global_norm_dev's output: each gradient is first multiplied by
  * norm_clip[1] and rounded to its dtype, as tt_op_scale_multi would (the
- * gradients themselves are left as they are). f32, bf16 or f16 params and
+ * gradients themselves are left as they are); where norm_clip[0] is NaN or
+ * inf nothing at all is written (the step skipped on the device, decided
+ * there: no host wait). f32, bf16 or f16 params and
  * gradients (f64 ones: use tt_op_adamw_multi). */
 tt_status tt_op_adamw_multi_dev(int n, tt_tensor *const *params, tt_tensor *const *grads, tt_tensor *const *exp_avgs,
                                 tt_tensor *const *exp_avg_sqs, tt_tensor *const *masters, double beta1,
@@ -653,6 +657,10 @@ tt_status tt_ckpt_read(const char *path, uint64_t offset, int dtype, int ndim, c
                        int verify, uint32_t crc, const char *what);
 /* CRC-32C of bytes [offset, offset + nbytes) of path against crc (streamed). */
 tt_status tt_ckpt_verify(const char *path, uint64_t offset, uint64_t nbytes, uint32_t crc, const char *what);
+/* tt_ckpt_verify that also counts the NaN and inf elements of the bytes as
+ * `dtype` (a float dtype; any other counts none) into *nonfinite. */
+tt_status tt_ckpt_verify_values(const char *path, uint64_t offset, uint64_t nbytes, uint32_t crc, int dtype,
+                                int64_t *nonfinite, const char *what);
 
 /* safetensors: writes the 8-byte little-endian length, the JSON header
  * (padded with spaces to 8 bytes) and the tensors' packed bytes in order
@@ -667,6 +675,15 @@ tt_status tt_fs_mkdirs(const char *path);
 /* Creates path (O_EXCL), writes n bytes, fsyncs. */
 tt_status tt_fs_write_file(const char *path, const void *data, size_t n);
 tt_status tt_fs_sync_dir(const char *path);
+/* Takes an exclusive advisory lock (flock) on path, created if missing, and
+ * writes `note` into it (who holds it); *fd_out keeps it until
+ * tt_fs_unlock or the process ends. Held by another open file: TT_ERR_IO,
+ * and the holder's note in holder (cap bytes, NUL-terminated). */
+tt_status tt_fs_lock(const char *path, const char *note, int *fd_out, char *holder, size_t cap);
+void tt_fs_unlock(int fd);
+/* Appends n bytes to path (created if missing) or none: a write that fails
+ * part-way (a full disk) is cut back to the file's earlier size. */
+tt_status tt_fs_append(const char *path, const void *data, size_t n);
 /* exchange = 0: rename, failing when `to` exists; 1: swap the two atomically. */
 tt_status tt_fs_rename(const char *from, const char *to, int exchange);
 tt_status tt_fs_remove_all(const char *path);

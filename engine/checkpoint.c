@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -546,8 +547,54 @@ tt_status tt_ckpt_read(const char *path, uint64_t offset, int dtype, int ndim, c
   return st;
 }
 
+/* NaN and inf elements of a buffer of `dtype`, by their exponent bits (the
+ * float8 e4m3 format has no infinity: its all-ones mantissa is NaN). */
+static int64_t tt_count_nonfinite(int dtype, const void *buf, size_t nbytes) {
+  int64_t k = 0;
+  switch (dtype) {
+    case TT_F32: {
+      const uint32_t *x = buf;
+      for (size_t i = 0; i < nbytes / 4; i++) k += (x[i] & 0x7f800000u) == 0x7f800000u;
+      break;
+    }
+    case TT_F64: {
+      const uint64_t *x = buf;
+      for (size_t i = 0; i < nbytes / 8; i++) k += (x[i] & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+      break;
+    }
+    case TT_BF16: {
+      const uint16_t *x = buf;
+      for (size_t i = 0; i < nbytes / 2; i++) k += (x[i] & 0x7f80u) == 0x7f80u;
+      break;
+    }
+    case TT_F16: {
+      const uint16_t *x = buf;
+      for (size_t i = 0; i < nbytes / 2; i++) k += (x[i] & 0x7c00u) == 0x7c00u;
+      break;
+    }
+    case TT_F8E4M3: {
+      const uint8_t *x = buf;
+      for (size_t i = 0; i < nbytes; i++) k += (x[i] & 0x7fu) == 0x7fu;
+      break;
+    }
+    case TT_F8E5M2: {
+      const uint8_t *x = buf;
+      for (size_t i = 0; i < nbytes; i++) k += (x[i] & 0x7cu) == 0x7cu;
+      break;
+    }
+    default: break;
+  }
+  return k;
+}
+
 tt_status tt_ckpt_verify(const char *path, uint64_t offset, uint64_t nbytes, uint32_t crc, const char *what) {
+  return tt_ckpt_verify_values(path, offset, nbytes, crc, -1, NULL, what);
+}
+
+tt_status tt_ckpt_verify_values(const char *path, uint64_t offset, uint64_t nbytes, uint32_t crc, int dtype,
+                                int64_t *nonfinite, const char *what) {
   if (!what) what = "?";
+  if (nonfinite) *nonfinite = 0;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return tt_error_set(TT_ERR_IO, "checkpoint: cannot open %s (tensor %s): %s", path, what, strerror(errno));
   size_t cap = 4u << 20;
@@ -558,6 +605,7 @@ tt_status tt_ckpt_verify(const char *path, uint64_t offset, uint64_t nbytes, uin
     size_t step = nbytes - done < cap ? (size_t)(nbytes - done) : cap;
     st = tt_pread_all(fd, buf, step, offset + done, path, what);
     if (st == TT_OK) c = tt_crc32c(c, buf, step);
+    if (st == TT_OK && nonfinite) *nonfinite += tt_count_nonfinite(dtype, buf, step);
     done += step;
   }
   free(buf);
@@ -599,6 +647,62 @@ tt_status tt_fs_write_file(const char *path, const void *data, size_t n) {
   if (close(fd) != 0 && st == TT_OK)
     st = tt_error_set(TT_ERR_IO, "checkpoint: cannot close %s: %s", path, strerror(errno));
   return st;
+}
+
+tt_status tt_fs_append(const char *path, const void *data, size_t n) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return tt_error_set(TT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+  struct stat sb;
+  off_t before = fstat(fd, &sb) == 0 ? sb.st_size : -1;
+  const char *p = data;
+  size_t left = n;
+  tt_status st = TT_OK;
+  while (left) {
+    ssize_t w = write(fd, p, left);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      int e = w < 0 ? errno : ENOSPC;
+      /* (a line half written would be a torn record: cut back to the last whole one) */
+      if (before >= 0 && ftruncate(fd, before) != 0) {
+      }
+      st = tt_error_set(TT_ERR_IO, "cannot write %s: %s", path, strerror(e));
+      break;
+    }
+    p += w;
+    left -= (size_t)w;
+  }
+  if (close(fd) != 0 && st == TT_OK) st = tt_error_set(TT_ERR_IO, "cannot close %s: %s", path, strerror(errno));
+  return st;
+}
+
+tt_status tt_fs_lock(const char *path, const char *note, int *fd_out, char *holder, size_t cap) {
+  if (holder && cap) holder[0] = 0;
+  *fd_out = -1;
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return tt_error_set(TT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    if (holder && cap) {
+      ssize_t n = pread(fd, holder, cap - 1, 0);
+      holder[n > 0 ? n : 0] = 0;
+    }
+    close(fd);
+    return tt_error_set(TT_ERR_IO, "%s is locked%s%s", path, e == EWOULDBLOCK ? "" : ": ",
+                        e == EWOULDBLOCK ? "" : strerror(e));
+  }
+  /* (the holder's note, for the next job that finds it locked) */
+  size_t n = note ? strlen(note) : 0;
+  if (ftruncate(fd, 0) != 0 || (n && pwrite(fd, note, n, 0) != (ssize_t)n)) {
+    int e = errno;
+    close(fd);
+    return tt_error_set(TT_ERR_IO, "cannot write %s: %s", path, strerror(e));
+  }
+  *fd_out = fd;
+  return TT_OK;
+}
+
+void tt_fs_unlock(int fd) {
+  if (fd >= 0) close(fd);
 }
 
 tt_status tt_fs_sync_dir(const char *path) {

@@ -700,13 +700,13 @@ tt_status tt_op_adamw_multi_dev(int n, tt_tensor *const *params, tt_tensor *cons
   if (!be || !be->adamw_multi_dev)
     return tt_error_set(TT_ERR_UNSUPPORTED, "adamw_multi_dev: not implemented on this device");
   const float *sc = tt_tensor_data(scalars);
-  const double *gscale = norm_clip ? (const double *)tt_tensor_data(norm_clip) + 1 : NULL;
+  const double *nc = norm_clip ? (const double *)tt_tensor_data(norm_clip) : NULL;
   tt_adamw_tensor run[TT_ADAMW_MULTI_MAX];
   for (int i = 0; i < n;) {
     const int pd = params[i]->dtype, gd = grads[i]->dtype, first = i;
     const int k = tt_adamw_pack(i, n, params, grads, ms, vs, masters, beta1, beta2, NULL, run);
     i += k;
-    TT_TRY(tt_kernel_check(be->adamw_multi_dev(pd, gd, k, run, beta1, beta2, eps, sc, sc + 1 + 2 * first, gscale),
+    TT_TRY(tt_kernel_check(be->adamw_multi_dev(pd, gd, k, run, beta1, beta2, eps, sc, sc + 1 + 2 * first, nc),
                            "adamw_multi_dev", be, pd));
   }
   return TT_OK;
@@ -732,12 +732,14 @@ tt_status tt_op_global_norm_dev(int n, tt_tensor *const *ts, double max_norm, tt
   const tt_kernels *be = tt_backend(dev);
   if (!be) return tt_error_set(TT_ERR_UNSUPPORTED, "%s: not implemented on this device", op);
   double *o = tt_tensor_data(out);
+  const int count = tt_tensor_numel(out) >= 3; /* out[2]: the norms that were NaN or inf, counted */
   if (!be->global_norm_dev) {
     /* host memory: the host computes it, as the eager step does */
     double norm;
     TT_TRY(tt_op_global_norm(n, ts, &norm));
     o[0] = norm;
     o[1] = max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+    if (count && !isfinite(norm)) o[2] += 1.0;
     return TT_OK;
   }
   int *dts = malloc((size_t)n * sizeof *dts);
@@ -749,7 +751,7 @@ tt_status tt_op_global_norm_dev(int n, tt_tensor *const *ts, double max_norm, tt
     ns[i] = tt_tensor_numel(ts[i]);
     xs[i] = tt_tensor_data(ts[i]);
   }
-  if (st == TT_OK) st = tt_kernel_check(be->global_norm_dev(n, dts, ns, xs, max_norm, o), op, be, dts[0]);
+  if (st == TT_OK) st = tt_kernel_check(be->global_norm_dev(n, dts, ns, xs, max_norm, o, count), op, be, dts[0]);
   free(dts); free(ns); free(xs);
   return st;
 }

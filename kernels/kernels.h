@@ -159,10 +159,11 @@ typedef struct tt_kernels {
   tt_status (*sumsq_many)(int k, const int *dtypes, const int64_t *ns, const void *const *xs, double *out);
   /* The same sums with no read-back: out (2 doubles of device memory) =
    * {sqrt of their sum in tensor order, clip coefficient}, as
-   * tt_op_global_norm_dev defines them. NULL: the engine computes them on
-   * the host (the CPU, whose device memory is host memory). */
+   * tt_op_global_norm_dev defines them; with count_nonfinite, out[2] is
+   * also incremented when the norm is NaN or inf. NULL: the engine
+   * computes them on the host (the CPU, whose device memory is host memory). */
   tt_status (*global_norm_dev)(int k, const int *dtypes, const int64_t *ns, const void *const *xs, double max_norm,
-                               double *out);
+                               double *out, int count_nonfinite);
 
   /* -- matmul: C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i] + bias,
    *    row-major, i < batch, stride_* = 0 broadcasts an operand. dtype
@@ -271,12 +272,16 @@ typedef struct tt_kernels {
                            double beta2, double eps, double weight_decay);
   /* adamw_multi with the scalars in device memory, read when the kernels
    * run: decay[0] = f32(1 - lr * wd); pairs[2j], pairs[2j + 1] = tensor j's
-   * f32(-lr / bc1), f32(sqrt(bc2)). grad_scale: NULL or one double: each
-   * grad is first multiplied by it in f32 and rounded to grad_dtype.
+   * f32(-lr / bc1), f32(sqrt(bc2)). norm_clip: NULL or two doubles, the
+   * gradients' norm and clip coefficient (tt_op_global_norm_dev's): each
+   * grad is first multiplied by the coefficient in f32 and rounded to
+   * grad_dtype; where the norm is not finite nothing is written (the step
+   * is skipped where it runs: a NaN or inf gradient never reaches the
+   * weights or the moments, with no host wait).
    * f32/bf16/f16 params and grads only. */
   tt_status (*adamw_multi_dev)(int param_dtype, int grad_dtype, int k, const tt_adamw_tensor *ts, double beta1,
                                double beta2, double eps, const float *decay, const float *pairs,
-                               const double *grad_scale);
+                               const double *norm_clip);
   /* param (param_dtype), grad (grad_dtype), m, v, master: f32 (master may be NULL). */
   tt_status (*adamw)(int param_dtype, int grad_dtype, int64_t n, void *param, const void *grad, float *m, float *v,
                      float *master, double lr, double beta1, double beta2, double eps, double weight_decay,

@@ -92,6 +92,6 @@ tt_status tt_cpu_adamw(int param_dtype, int grad_dtype, int64_t n, void *param, 
                        double bias_correction1, double bias_correction2);
 tt_status tt_cpu_adamw_multi_dev(int param_dtype, int grad_dtype, int k, const tt_adamw_tensor *ts, double beta1,
                                  double beta2, double eps, const float *decay, const float *pairs,
-                                 const double *grad_scale);
+                                 const double *norm_clip);
 
 #endif

@@ -248,9 +248,10 @@ tt_status tt_cpu_adamw(int param_dtype, int grad_dtype, int64_t n, void *param, 
  * CPU that is host memory, read now. */
 tt_status tt_cpu_adamw_multi_dev(int param_dtype, int grad_dtype, int k, const tt_adamw_tensor *ts, double beta1,
                                  double beta2, double eps, const float *decay, const float *pairs,
-                                 const double *grad_scale) {
+                                 const double *norm_clip) {
   if (param_dtype == TT_F64 || grad_dtype == TT_F64 || !dtype_ok(param_dtype) || !dtype_ok(grad_dtype))
     return TT_ERR_DTYPE;
+  if (norm_clip && !isfinite(norm_clip[0])) return TT_OK; /* a NaN/inf gradient: the step is skipped */
   adam_f32 kk;
   adam_f32_scalars(&kk, beta1, beta2, eps);
   kk.decay = decay[0];
@@ -258,7 +259,7 @@ tt_status tt_cpu_adamw_multi_dev(int param_dtype, int grad_dtype, int k, const t
     kk.neg_step = pairs[2 * j];
     kk.bc2_sqrt = pairs[2 * j + 1];
     adamw_f32_run(&kk, param_dtype, grad_dtype, ts[j].n, ts[j].param, ts[j].grad, ts[j].m, ts[j].v, ts[j].master,
-                  grad_scale);
+                  norm_clip ? norm_clip + 1 : NULL);
   }
   return TT_OK;
 }

@@ -151,9 +151,9 @@ tt_status tt_cuda_adamw(int param_dtype, int grad_dtype, int64_t n, void *param,
                         double weight_decay, double bias_correction1, double bias_correction2);
 tt_status tt_cuda_adamw_multi_dev(int param_dtype, int grad_dtype, int count, const tt_adamw_tensor *ts, double beta1,
                                  double beta2, double eps, const float *decay, const float *pairs,
-                                 const double *grad_scale);
+                                 const double *norm_clip);
 tt_status tt_cuda_global_norm_dev(int k, const int *dtypes, const int64_t *ns, const void *const *xs, double max_norm,
-                                  double *out);
+                                  double *out, int count_nonfinite);
 tt_status tt_cuda_adamw_multi(int param_dtype, int grad_dtype, int count, const tt_adamw_tensor *ts, double lr,
                               double beta1, double beta2, double eps, double weight_decay);
 }

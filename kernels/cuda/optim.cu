@@ -158,7 +158,7 @@ struct tt_adam_mt_args {
   unsigned int first_block[TT_ADAMW_MULTI_MAX + 1];
   tt_adam_mt_tensor t[TT_ADAMW_MULTI_MAX];
   const float *decay, *pairs;
-  const double *grad_scale;
+  const double *norm_clip; /* {norm, clip coefficient} or NULL */
 };
 #if TITAN_CUEMU
 static void tt_emu_ptrs(const tt_adam_mt_args &a, tt_emu_ptr_visit &visit) {
@@ -166,7 +166,7 @@ static void tt_emu_ptrs(const tt_adam_mt_args &a, tt_emu_ptr_visit &visit) {
     visit("t[i].param", i, a.t[i].param), visit("t[i].grad", i, a.t[i].grad), visit("t[i].m", i, a.t[i].m);
     visit("t[i].v", i, a.t[i].v), visit("t[i].master", i, a.t[i].master);
   }
-  visit("decay", -1, a.decay), visit("pairs", -1, a.pairs), visit("grad_scale", -1, a.grad_scale);
+  visit("decay", -1, a.decay), visit("pairs", -1, a.pairs), visit("norm_clip", -1, a.norm_clip);
 }
 #endif
 
@@ -182,9 +182,10 @@ __global__ void tt_adamw_mt_kernel(tt_adam_f32 k, const __grid_constant__ tt_ada
     kk.decay = a.decay[0];
     kk.neg_step = a.pairs[2 * d.slot];
     kk.bc2_sqrt = a.pairs[2 * d.slot + 1];
-    if (a.grad_scale) {
+    if (a.norm_clip) {
+      if (!isfinite(a.norm_clip[0])) return; /* a NaN/inf gradient: the step is skipped (kernels.h) */
       scale_g = true;
-      gs = (float)*a.grad_scale;
+      gs = (float)a.norm_clip[1];
     }
   } else {
     kk.neg_step = d.neg_step;
@@ -327,7 +328,7 @@ template <bool DEV>
 static tt_status tt_adamw_mt_launch(int param_dtype, int grad_dtype, int count, const tt_adamw_tensor *ts,
                                     const tt_adam_f32 &k, double lr, double beta1, double beta2, double eps,
                                     double weight_decay, const float *decay, const float *pairs,
-                                    const double *grad_scale) {
+                                    const double *norm_clip) {
   int device;
   cudaStream_t s;
   tt_status st = tt_cuda_current(&device, &s);
@@ -336,7 +337,7 @@ static tt_status tt_adamw_mt_launch(int param_dtype, int grad_dtype, int count, 
   memset(&a, 0, sizeof a);
   a.decay = decay;
   a.pairs = pairs;
-  a.grad_scale = grad_scale;
+  a.norm_clip = norm_clip;
   unsigned int grid = 0;
   for (int i = 0; i < count; i++) {
     if (ts[i].n <= 0) continue;
@@ -394,7 +395,7 @@ extern "C" tt_status tt_cuda_adamw_multi(int param_dtype, int grad_dtype, int co
 
 extern "C" tt_status tt_cuda_adamw_multi_dev(int param_dtype, int grad_dtype, int count, const tt_adamw_tensor *ts,
                                              double beta1, double beta2, double eps, const float *decay,
-                                             const float *pairs, const double *grad_scale) {
+                                             const float *pairs, const double *norm_clip) {
   if (param_dtype == TT_F64 || grad_dtype == TT_F64 || !tt_adam_dtype_ok(param_dtype) ||
       !tt_adam_dtype_ok(grad_dtype))
     return tt_error_set(TT_ERR_DTYPE, "cuda adamw_multi_dev: param dtype %d, grad dtype %d (expected f32, bf16 or f16)",
@@ -405,5 +406,5 @@ extern "C" tt_status tt_cuda_adamw_multi_dev(int param_dtype, int grad_dtype, in
   /* lr = 1, bias corrections = 1: placeholders for what the kernel reads */
   tt_adam_f32 k = tt_adam_scalars(1.0, beta1, beta2, eps, 0.0, 1.0, 1.0);
   return tt_adamw_mt_launch<true>(param_dtype, grad_dtype, count, ts, k, 0, beta1, beta2, eps, 0, decay, pairs,
-                                  grad_scale);
+                                  norm_clip);
 }

@@ -718,19 +718,20 @@ extern "C" tt_status tt_cuda_sumsq_many(int k, const int *dtypes, const int64_t 
 /* One thread adds the slots in tensor order, as tt_op_global_norm adds the
  * read-back sums on the host, and derives the clip coefficient as the
  * trainer does (max_norm / (norm + 1e-6) when norm > max_norm > 0). */
-__global__ void tt_global_norm_fold(int k, const double *slots, double max_norm, double *out) {
+__global__ void tt_global_norm_fold(int k, const double *slots, double max_norm, double *out, int count) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   double total = 0.0;
   for (int i = 0; i < k; i++) total = __dadd_rn(total, slots[i]);
   const double norm = __dsqrt_rn(total);
   out[0] = norm;
   out[1] = max_norm > 0 && norm > max_norm ? __ddiv_rn(max_norm, __dadd_rn(norm, 1e-6)) : 1.0;
+  if (count && !isfinite(norm)) out[2] = __dadd_rn(out[2], 1.0); /* the steps the update kernels skip */
 }
 
 /* sumsq_many's launches with the slots left in the workspace, then the
  * fold: nothing waits, so a CUDA graph can capture it. */
 extern "C" tt_status tt_cuda_global_norm_dev(int k, const int *dtypes, const int64_t *ns, const void *const *xs,
-                                             double max_norm, double *out) {
+                                             double max_norm, double *out, int count_nonfinite) {
   for (int i = 0; i < k; i++)
     if (!tt_reduce_dtype_ok(dtypes[i]))
       return tt_error_set(TT_ERR_DTYPE, "cuda global_norm: dtype %d not supported (f32, f64, bf16, f16)", dtypes[i]);
@@ -749,7 +750,7 @@ extern "C" tt_status tt_cuda_global_norm_dev(int k, const int *dtypes, const int
   if ((st = tt_cuda_workspace(device, &ws, &hold)) != TT_OK) return st;
   double *part = (double *)ws, *slots = part + part_len;
   if ((st = tt_sumsq_slots(s, k, dtypes, ns, xs, part, slots)) != TT_OK) return st;
-  tt_global_norm_fold<<<1, 32, 0, s>>>(k, slots, max_norm, out);
+  tt_global_norm_fold<<<1, 32, 0, s>>>(k, slots, max_norm, out, count_nonfinite);
   TT_CUDA_CHECK_LAUNCH("tt_global_norm_fold");
   return TT_OK;
 }

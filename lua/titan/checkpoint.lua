@@ -40,6 +40,8 @@ function M.save(dir, parts, opts)
   opts = opts or {}
   local step = opts.step or (parts.extra and parts.extra.step) or 0
   local items, ts = state.collect(parts, { model_only = opts.model_only, dtype = opts.dtype, shard_of = opts.shard_of })
+  local bad = state.first_nonfinite(items)
+  if bad then error(("checkpoint: not saving %s: %s holds NaN or inf values"):format(dir, bad), 0) end
   format.write(dir, { items }, { step = step, model_only = opts.model_only, train_state = ts })
   return dir
 end
@@ -160,18 +162,29 @@ function M.inspect(dir)
   return table.concat(lines, "\n")
 end
 
--- Read every chunk of every tensor once and check its CRC-32C.
+-- Read every chunk of every tensor once and check its CRC-32C, and that no
+-- float holds a NaN or an infinity (a checksum only says the bytes are the
+-- ones saved). Returns the number of chunks.
 function M.verify(dir)
   local ck = format.open(dir)
   ck:check_files()
-  local n = 0
+  local n, bad, count = 0, {}, ffi.new("int64_t[1]")
   for _, name in ipairs(ck:names()) do
-    for _, c in ipairs(ck:entry(name).chunks) do
-      if C.tt_ckpt_verify(fs.join(dir, c.file), c.byte_offset, c.nbytes, c.crc, name) ~= 0 then
+    local e, k = ck:entry(name), 0
+    for _, c in ipairs(e.chunks) do
+      if C.tt_ckpt_verify_values(fs.join(dir, c.file), c.byte_offset, c.nbytes, c.crc, e.dtype_id, count, name) ~= 0
+      then
         error(ffi.string(C.tt_last_error()), 0)
       end
+      k = k + tonumber(count[0])
       n = n + 1
     end
+    if k > 0 then bad[#bad + 1] = ("%s (%d of %d values)"):format(name, k, require("titan.checkpoint.layout").volume(e.shape)) end
+  end
+  if #bad > 0 then
+    error(("checkpoint: %s holds NaN or inf values in %d tensor(s): %s%s; its checksums match (they were saved "
+      .. "so): resume from an earlier step"):format(dir, #bad, table.concat(bad, ", ", 1, math.min(3, #bad)),
+      #bad > 3 and ", ..." or ""), 0)
   end
   return n
 end

@@ -47,6 +47,7 @@ M.defaults = {
     seq_len = 2048,
     steps = 10000,
     max_norm = 1.0,
+    on_nonfinite_grad = "stop", -- a NaN/inf gradient norm: stop (the update skipped, nothing saved) | skip the update
     seed = 0,
     device = "cpu",
     mixed_precision_param = "float32",  -- dtype parameters compute in: float32 | bfloat16 (f32 master weights in AdamW) | float64
@@ -157,6 +158,8 @@ M.descriptions = {
   ["training.seq_len"] = "tokens per sequence",
   ["training.steps"] = "optimizer steps to train",
   ["training.max_norm"] = "clip gradients to this global norm (0 = off)",
+  ["training.on_nonfinite_grad"] = "a NaN/inf gradient norm: stop (its update skipped, nothing of it saved) or skip "
+    .. "(the update skipped, training goes on)",
   ["training.seed"] = "seeds weights, data order and sampling",
   ["training.device"] = "cpu, cuda or cuda:N",
   ["training.mixed_precision_param"] = "float32, bfloat16 (f32 master weights in AdamW) or float64",
@@ -393,6 +396,10 @@ function M.resolve(recipe, argv)
       end
       local sec, k = key:match("^([%w_]+)%.([%w_]+)$")
       if not M.defaults[sec] or M.defaults[sec][k] == nil then unknown_key(key) end
+      if not a:find("=", 1, true) and type(M.defaults[sec][k]) ~= "boolean" then
+        -- (`--training.steps 30`: the 30 would be read as a recipe path or dropped)
+        error(("config: --%s has no value; expected --%s=VALUE (with '=', not a space)"):format(key, key), 0)
+      end
       cfg[sec][k] = coerce(key, M.defaults[sec][k], val)
     end
   end
@@ -402,6 +409,16 @@ end
 
 function M.validate(cfg)
   local function need(cond, msg) if not cond then error("config: " .. msg, 0) end end
+  -- No key takes an infinite or NaN number (1e400 reads as inf): each would
+  -- pass a `>= 0` check below and train on garbage.
+  for _, sec in ipairs(sorted_keys(M.defaults)) do
+    for _, k in ipairs(sorted_keys(M.defaults[sec])) do
+      local v = type(cfg[sec]) == "table" and cfg[sec][k]
+      if type(v) == "number" and (v ~= v or v == math.huge or v == -math.huge) then
+        need(false, ("%s.%s = %s; expected a finite number"):format(sec, k, tostring(v)))
+      end
+    end
+  end
   local t = cfg.training
   need(t.local_batch_size >= 1 and t.local_batch_size % 1 == 0, "training.local_batch_size must be a positive integer")
   need(t.seq_len >= 1 and t.seq_len % 1 == 0, "training.seq_len must be a positive integer")
@@ -423,6 +440,8 @@ function M.validate(cfg)
     "lr_scheduler.decay_ratio must be in [0, 1], or -1 (decay over every step after warmup), got "
       .. tostring(ls.decay_ratio))
   need(t.max_norm >= 0, "training.max_norm must be >= 0 (0: no clipping), got " .. tostring(t.max_norm))
+  need(t.on_nonfinite_grad == "stop" or t.on_nonfinite_grad == "skip", ("training.on_nonfinite_grad = '%s'; "
+    .. "expected stop or skip"):format(t.on_nonfinite_grad))
   need(t.threads == -1 or (t.threads >= 1 and t.threads % 1 == 0),
     "training.threads must be -1 (OMP_NUM_THREADS or all cores) or a positive integer, got " .. tostring(t.threads))
   need(t.device == "cpu" or t.device == "cuda" or t.device:match("^cuda:%d+$") ~= nil,

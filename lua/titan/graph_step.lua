@@ -147,13 +147,13 @@ local function capture_update(tr, gs, params)
   local plan, why = opt:device_plan()
   if not plan then return fail(why) end
   gs.plan = plan
-  gs.norm_clip = memory.keep(titan.zeros({ 2 }, { dtype = "float64", device = tr.device }))
+  gs.norm_clip = memory.keep(titan.zeros({ 3 }, { dtype = "float64", device = tr.device })) -- (+ NaN/inf count)
   local max_norm = tr.cfg.training.max_norm
   local clip = max_norm and max_norm > 0
   local g
   g, why = cuda_graph.capture(tr.device, function()
     ops.global_norm_dev_(grads, clip and max_norm or 0, gs.norm_clip)
-    opt:launch_device_step(plan, clip and gs.norm_clip or nil)
+    opt:launch_device_step(plan, gs.norm_clip) -- (always: a NaN/inf norm skips the step in the kernels)
     ops.fill_multi_(grads, 0)
   end)
   if not g then return fail(why) end
@@ -180,7 +180,10 @@ function M.update(tr, params)
   if not gs.update then return getmetatable(tr).update(tr, params) end
   tr.optimizer:prepare_device_step(gs.plan)
   gs.update:replay()
-  return function() return gs.norm_clip:tolist_flat()[1] end
+  return function()
+    local v = gs.norm_clip:tolist_flat()
+    return v[1], v[3]
+  end
 end
 
 -- Called by the trainer when training.cuda_graphs is on.

@@ -44,7 +44,8 @@ function M.Logger(opts)
   if opts.jsonl_path then
     local f, err = io.open(opts.jsonl_path, "a")
     if not f then error("metrics: cannot open " .. opts.jsonl_path .. ": " .. tostring(err), 0) end
-    self.jsonl = f
+    f:close()
+    self.jsonl = opts.jsonl_path
   end
   return self
 end
@@ -68,8 +69,14 @@ function Logger:write_jsonl(rec)
   table.sort(keys)
   local parts = {}
   for i, k in ipairs(keys) do parts[i] = ("%q:%s"):format(k, json_value(rec[k])) end
-  self.jsonl:write("{" .. table.concat(parts, ",") .. "}\n")
-  self.jsonl:flush()
+  -- One write a record, checked: a full disk stops the job with one line,
+  -- and a record half written is cut off (never a torn line).
+  local line = "{" .. table.concat(parts, ",") .. "}\n"
+  local C = require("titan.ffi").C
+  if C.tt_fs_append(self.jsonl, line, #line) ~= 0 then
+    error("metrics: " .. require("titan.ffi").ffi.string(C.tt_last_error()) .. "; the job stops (its metrics so far "
+      .. "and its checkpoints are whole)", 0)
+  end
 end
 
 -- rec: step, loss, grad_norm, lr (+ anything else for the JSONL file).
@@ -132,7 +139,7 @@ function Logger:log_validation(step, loss, ntok)
 end
 
 function Logger:close()
-  if self.jsonl then self.jsonl:close(); self.jsonl = nil end
+  self.jsonl = nil
   if self.opts.tensorboard then self.opts.tensorboard:close() end
 end
 

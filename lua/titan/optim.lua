@@ -99,6 +99,10 @@ local function count_step(self, order)
   end
 end
 
+-- A step that updates nothing (a NaN or inf gradient norm, trainer.lua):
+-- counted all the same, as on the device, where the kernels decide it.
+function AdamW:skip_step() count_step(self, self:batches()) end
+
 function AdamW:group_hp(b)
   local g = self.groups[b.group]
   return { lr = g.lr * (self.lr_factor or 1), betas = g.betas, eps = g.eps, weight_decay = g.weight_decay }

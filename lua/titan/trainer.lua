@@ -182,6 +182,17 @@ function Trainer:build_data()
     error(("trainer: the tokenizer %s has %d tokens but the model's vocab_size is %d"):format(cfg.model.tokenizer,
       self.tokenizer.vocab_size, self.model.args.vocab_size), 0)
   end
+  if t.dataset == "bin" and not cfg.build_data then
+    -- (a token above the model's vocabulary would fail hours in, inside the embedding)
+    for p in t.dataset_path:gmatch("[^,]+") do
+      local ok, f = pcall(require("titan.data.tokens").TokenFile.open, p)
+      if ok and f.header.vocab_size > self.model.args.vocab_size then
+        error(("trainer: the token file %s holds tokens of a %d-token vocabulary but the model's vocab_size is %d; "
+          .. "expected a file prepared with this model's tokenizer (%s)"):format(p, f.header.vocab_size,
+          self.model.args.vocab_size, cfg.model.tokenizer), 0)
+      end
+    end
+  end
   local build_data = cfg.build_data or require("titan.data").build
   self.data = build_data(cfg, self.tokenizer, { rank = self.dp_rank, world = self.dp_size })
   local per_micro = t.local_batch_size * t.seq_len * self.dp_size
@@ -209,6 +220,25 @@ function Trainer:build_optimizer()
   self.schedule = lr_scheduler.new(cfg.lr_scheduler, cfg.training.steps)
 end
 
+-- This job's hold on its dump folder (rank 0): a second job writing there
+-- would interleave its metrics and collide in its saves. An flock, so it
+-- goes with the process however that ends; the next job finds it free.
+function Trainer:lock_dump_folder()
+  if self.rank ~= 0 then return end
+  local fs = require("titan.checkpoint.fs")
+  local dump = self.cfg.job.dump_folder
+  local f = io.open("/proc/sys/kernel/hostname")
+  local host = f and f:read("*l") or "this host"
+  if f then f:close() end
+  local h, who = fs.lock(fs.join(dump, ".titan.lock"), ("pid %d on %s, since %s UTC"):format(fs.pid(), host,
+    os.date("!%Y-%m-%d %H:%M:%S")))
+  if not h then
+    error(("trainer: job.dump_folder %s is in use by another job (%s); expected a folder of its own "
+      .. "(--job.dump_folder=...), or that job to end first"):format(dump, who), 0)
+  end
+  self.dump_lock = h
+end
+
 -- Profiler, dump folder, peak FLOP/s, TensorBoard, the metrics logger.
 function Trainer:build_metrics()
   local cfg, t = self.cfg, self.cfg.training
@@ -225,6 +255,7 @@ function Trainer:build_metrics()
     self.profiler:name_modules(self.model)
   end
   mkdir_p(cfg.job.dump_folder)
+  self:lock_dump_folder()
   -- (made now: a folder that cannot be made stops the job before its first step)
   if self.profiler then mkdir_p(self:traces_folder(), "profiling.save_traces_folder") end
   local peak = cfg.metrics.peak_flops
@@ -261,7 +292,7 @@ function Trainer:build_checkpoint()
   local cfg, wg = self.cfg, self.world_group
   self.checkpoint = ckpt.Manager(cfg.checkpoint, { dump_folder = cfg.job.dump_folder, rank = self.rank,
     world = self.world, log = function(line) self.print(line) end, shard_of = self.shard_of,
-    data_rank = self.dp_rank, known_names = self.par.all_names,
+    data_rank = self.dp_rank, known_names = self.par.all_names, exclusive = self.dump_lock ~= nil,
     gather = wg and function(v) return wg:gather_object(v) end, barrier = wg and function() wg:barrier() end })
   self.checkpoint:prepare()
   if not cfg.checkpoint.create_seed_checkpoint then
@@ -449,7 +480,11 @@ function Trainer:update(params)
     if norm then return norm end
   end
   local grad_norm = self.par:clip_grad_norm(params, self.cfg.training.max_norm)
-  self.optimizer:step()
+  if grad_norm ~= grad_norm or grad_norm == math.huge or grad_norm == -math.huge then
+    self.optimizer:skip_step() -- (nothing updated: the train loop stops or goes on, training.on_nonfinite_grad)
+  else
+    self.optimizer:step()
+  end
   -- A captured graph accumulates into these very buffers: zero, keep them.
   self.optimizer:zero_grad({ set_to_none = self.graph_state == nil })
   return grad_norm
@@ -472,11 +507,12 @@ function Trainer:update_on_device(params)
   end
   local max_norm = self.cfg.training.max_norm
   local clip = max_norm and max_norm > 0
-  if self.norm_clip then self.norm_clip:free() end -- the previous step's, read by now if it was logged
-  local norm_clip = memory.keep(titan.zeros({ 2 }, { dtype = "float64", device = self.device }))
-  self.norm_clip = norm_clip
+  -- {norm, clip coefficient, NaN/inf norms so far}: the job's one buffer (the count runs over its steps)
+  self.norm_clip = self.norm_clip or memory.keep(titan.zeros({ 3 }, { dtype = "float64", device = self.device }))
+  local norm_clip = self.norm_clip
   self.par:norm_on_device(params, clip and max_norm or 0, norm_clip)
-  local ok, why = opt:step_on_device(clip and norm_clip or nil)
+  -- (given even without clipping, coefficient 1: a NaN/inf norm skips the step in the kernels)
+  local ok, why = opt:step_on_device(norm_clip)
   if not ok then
     -- nothing was updated: the host path takes this step and the rest
     self.print("trainer: the optimizer step stays on the host: " .. why)
@@ -486,7 +522,48 @@ function Trainer:update_on_device(params)
     return nil
   end
   self.optimizer:zero_grad({ set_to_none = self.graph_state == nil })
-  return function() return norm_clip:tolist_flat()[1] end
+  return function()
+    local v = norm_clip:tolist_flat()
+    return v[1], v[3]
+  end
+end
+
+-- The device path's norm of this step, read back, and its running count of
+-- NaN/inf norms (steps whose update the kernels skipped) since the last read.
+function Trainer:device_norm(step, read, loss)
+  local norm, count = read()
+  local new = (count or 0) - (self.device_skips or 0)
+  if new > 0 then
+    local from = (self.norm_read_step or 0) + 1
+    self.device_skips = count
+    self.norm_read_step = step
+    -- (one new skip and this step's norm bad: it is this step)
+    self:nonfinite_grad(new == 1 and (norm ~= norm or math.abs(norm) == math.huge) and step or from, step, new, norm,
+      loss)
+  end
+  self.norm_read_step = step
+  return norm
+end
+
+-- `n` steps between first and last whose gradient norm was NaN or inf:
+-- their updates were skipped (on the host, or by the device's kernels); stop,
+-- or count them and go on (training.on_nonfinite_grad). Megatron stops by
+-- default; llm.c skips.
+function Trainer:nonfinite_grad(first, last, n, norm, loss)
+  local what = first == last and (norm ~= norm and "the gradient norm is NaN" or "the gradient norm is infinite")
+    or ("the gradient norm was NaN or inf at %d of steps %d-%d (a device's norm is read back at logged steps)")
+    :format(n, first, last)
+  if self.cfg.training.on_nonfinite_grad == "skip" then
+    self.skipped_steps = (self.skipped_steps or 0) + n
+    self.print(("trainer: step %d: %s (loss %.4f): %s skipped, %d so far (training.on_nonfinite_grad = skip)")
+      :format(last, what, loss, n == 1 and "its update was" or "their updates were", self.skipped_steps))
+    return
+  end
+  local saved = self.checkpoint.last_saved
+  error(("trainer: %s at step %d (loss %.4f); %s skipped and nothing from this step was saved (%s); lower "
+    .. "optimizer.lr, check the data, or set training.on_nonfinite_grad=skip to skip such steps"):format(what, last, loss,
+    n == 1 and "its update was" or "their updates were", saved and ("the last checkpoint is step " .. saved)
+    or "no checkpoint was saved"), 0)
 end
 
 -- Run steps until training.steps (or `until_step`). Returns the list of losses.
@@ -513,13 +590,25 @@ function Trainer:train(until_step)
     else
       loss, ntok, grad_norm = self:step_once(step, params)
     end
+    -- A NaN/inf gradient norm: the host path knows it now; on a device the
+    -- update kernels skipped the step themselves, and the host learns it
+    -- when it reads the norm back (logged steps, saves: no extra wait a step).
+    local read_norm
+    if type(grad_norm) == "function" then
+      read_norm, grad_norm = grad_norm, nil
+    elseif grad_norm ~= grad_norm or grad_norm == math.huge or grad_norm == -math.huge then
+      self:nonfinite_grad(step, step, 1, grad_norm, loss)
+    end
     self.step = step
     losses[#losses + 1] = loss
     self.last_loss = loss
     self.run_tokens = self.run_tokens + ntok
     self.logger:add_tokens(ntok / self.world)
+    if read_norm and (step % cfg.metrics.log_freq == 0 or step == 1 or step == last
+      or self.checkpoint:should_save(step, step == t.steps)) then
+      grad_norm = self:device_norm(step, read_norm, loss)
+    end
     if step % cfg.metrics.log_freq == 0 or step == 1 or step == last then
-      if type(grad_norm) == "function" then grad_norm = grad_norm() end -- read back only when logged
       local rec = { step = step, loss = loss, grad_norm = grad_norm, lr = self.optimizer:lr() }
       for k, v in pairs(self.step_extra or {}) do rec[k] = v end -- (the family hook's figures)
       self.logger:log_step(rec)
@@ -563,6 +652,10 @@ function Trainer:summary()
   end
   if self.last_loss then parts[#parts + 1] = ("loss %.4f"):format(self.last_loss) end
   if self.last_val_loss then parts[#parts + 1] = ("validation loss %.4f"):format(self.last_val_loss) end
+  if self.skipped_steps then
+    parts[#parts + 1] = ("%d step%s skipped (NaN/inf gradients)"):format(self.skipped_steps,
+      self.skipped_steps == 1 and "" or "s")
+  end
   local saved = self.checkpoint.last_saved
   if saved then parts[#parts + 1] = ("checkpoint %s"):format(require("titan.checkpoint.format").step_dir(
     self.checkpoint.folder, saved)) end
@@ -570,6 +663,7 @@ function Trainer:summary()
 end
 
 function Trainer:close()
+  if self.dump_lock then self.dump_lock.release(); self.dump_lock = nil end
   if self.graph_state then require("titan.graph_step").release(self) end
   if self.norm_clip then self.norm_clip:free(); self.norm_clip = nil end
   self.par:close()

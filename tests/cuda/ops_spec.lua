@@ -1181,6 +1181,21 @@ describe("cuda ops: adamw", function()
       local fresh = make()
       for i = 1, #specs do H.check_exact(dev[i].g, fresh[i].g, "grad " .. i .. " left unscaled") end
     end
+    -- a NaN or inf norm (a NaN gradient under a finite loss): the kernels write nothing at all
+    for _, bad in ipairs({ 0 / 0, math.huge }) do
+      local dev, fresh = make(), make()
+      local entries = {}
+      for i = 1, #specs do entries[i] = { dev[i].p, dev[i].g, dev[i].m, dev[i].v, dev[i].master, specs[i].step } end
+      local nc = titan.tensor({ bad, 1 }, { dtype = "float64" }):to(H.DEV)
+      titan.ops.adamw_multi_dev_(entries, hp, titan.ops.adamw_scalars(entries, hp):to(H.DEV), nc)
+      H.sync()
+      for i = 1, #specs do
+        local what = ("norm %s, tensor %d"):format(tostring(bad), i)
+        H.check_exact(dev[i].p, fresh[i].p, what .. " param untouched")
+        H.check_exact(dev[i].m, fresh[i].m, what .. " exp_avg untouched")
+        H.check_exact(dev[i].v, fresh[i].v, what .. " exp_avg_sq untouched")
+      end
+    end
   end))
 end)
 

@@ -286,6 +286,13 @@ function M.open(dir)
   if not text then fail("%s has no %s", dir, M.METADATA) end
   local meta = json.decode(text, "checkpoint: " .. fs.join(dir, M.METADATA))
   validate(dir, meta)
+  -- (a step folder renamed or copied over another: loading it as its name
+  -- says would resume the wrong step, and the next save would overwrite)
+  local named = tonumber(fs.basename(dir):match("^step%-(%d+)$"))
+  if named and named ~= meta.step then
+    fail("%s holds step %s by its metadata: a step folder renamed or copied; expected step-%s", dir,
+      tostring(meta.step), tostring(meta.step))
+  end
   return setmetatable({ dir = dir, meta = meta, step = meta.step, verified = {}, files_checked = {} }, Checkpoint)
 end
 

@@ -78,4 +78,32 @@ function M.pid() return tonumber(C.tt_process_id()) end
 -- Is process `pid` alive on this host?
 function M.alive(pid) return M.size("/proc/" .. tostring(pid)) ~= nil end
 
+-- An exclusive lock on file `path` (flock: released when this process
+-- ends, however it ends), with `note` written into it. Returns a handle
+-- (:release()), or nil and the holder's note. Locked twice by one process
+-- (two trainers in one Lua state): the same lock, counted.
+local held = {}
+local fd_out = ffi.new("int[1]")
+local holder = ffi.new("char[512]")
+function M.lock(path, note)
+  local h = held[path]
+  if not h then
+    if C.tt_fs_lock(path, note, fd_out, holder, 512) ~= 0 then
+      local who = ffi.string(holder)
+      return nil, who ~= "" and who or ffi.string(C.tt_last_error())
+    end
+    h = { fd = fd_out[0], count = 0, path = path }
+    function h.release()
+      h.count = h.count - 1
+      if h.count == 0 then
+        C.tt_fs_unlock(h.fd)
+        held[path] = nil
+      end
+    end
+    held[path] = h
+  end
+  h.count = h.count + 1
+  return h
+end
+
 return M

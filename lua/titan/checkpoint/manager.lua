@@ -76,6 +76,10 @@ function M.new(cfg, opts)
   if type(c.keep_latest_k) ~= "number" or c.keep_latest_k < 0 or c.keep_latest_k % 1 ~= 0 then
     fail("checkpoint.keep_latest_k must be 0 (keep all) or a positive integer, got %s", tostring(c.keep_latest_k))
   end
+  if type(c.load_step) ~= "number" or (c.load_step ~= -1 and (c.load_step < 0 or c.load_step % 1 ~= 0
+    or c.load_step >= 2 ^ 53)) then
+    fail("checkpoint.load_step = %s; expected -1 (the latest step) or a step number", tostring(c.load_step))
+  end
   -- (checkpoints off load nothing: a path or step asked for would be ignored)
   if not c.enable and c.initial_load_path ~= "" then
     fail("checkpoint.initial_load_path = %s, but checkpoint.enable is false, so nothing would be loaded; expected "
@@ -102,6 +106,9 @@ function M.new(cfg, opts)
     gather = opts.gather or function(v) return { v } end, barrier = opts.barrier or function() end,
     shard_of = opts.shard_of, pending = nil, last_saved = nil, data_rank = opts.data_rank or rank,
     known_names = opts.known_names,
+    -- (this process holds the job's dump-folder lock: a temporary folder in
+    -- a checkpoint folder under it is no live job's, whatever its host)
+    exclusive = opts.exclusive and not c.folder:match("^/") or false,
     log = opts.log or function(msg) if rank == 0 then print("checkpoint: " .. msg) end end,
   }, Manager)
   return self
@@ -112,6 +119,20 @@ end
 function Manager:prepare()
   if not self.enable or self.rank ~= 0 then return end
   fs.mkdirs(self.folder) -- its error names the folder and why
+  self:clean_stale()
+end
+
+-- Removes the temporary folders of saves and purges that never finished
+-- (a killed job): those of dead processes on this host, or, when this job
+-- holds the dump folder's lock (exclusive), every one but this process's.
+function Manager:clean_stale()
+  if not (self.world == 1 or self.exclusive) or not fs.is_dir(self.folder) then return end
+  for _, name in ipairs(fs.list(self.folder)) do
+    local pid = name:match("^%.step%-%d+%.tmp%-(%d+)$") or name:match("^%.purge%-step%-%d+%-(%d+)$")
+    if pid and tonumber(pid) ~= fs.pid() and (self.exclusive or not fs.alive(pid)) then
+      pcall(fs.remove_all, fs.join(self.folder, name))
+    end
+  end
 end
 
 function Manager:should_save(step, final)
@@ -134,6 +155,16 @@ function Manager:save(step, parts, opts)
   if self.last_saved == step and self.last_model_only == model_only then return format.step_dir(self.folder, step) end
   local dtype = opts.final and self.cfg.last_save_model_only and self.cfg.export_dtype or nil
   local items, ts = state.collect(parts, { model_only = model_only, dtype = dtype, shard_of = self.shard_of })
+  -- Never a poisoned save: a NaN or inf anywhere (on any rank) refuses it,
+  -- and the checkpoints already saved stay as they are.
+  local bad = state.first_nonfinite(items)
+  for r, b in ipairs(self.gather(bad or false)) do
+    if b then
+      fail("not saving step %d: %s holds NaN or inf values%s; the last checkpoint %s", step, b,
+        self.world > 1 and (" (rank %d)"):format(r - 1) or "",
+        self.last_saved and ("is step " .. self.last_saved) or "on disk is unchanged")
+    end
+  end
   -- Each data-parallel rank reads its own share of the data: every rank's
   -- position is kept (ts.dataloader stays rank 0's, so a reader that knows
   -- one rank, or a resume onto other ranks, sees a state it can check).
@@ -154,7 +185,17 @@ function Manager:save(step, parts, opts)
     end
     items = kept
   end
+  if self.rollback_from then
+    self:set_aside_after(self.rollback_from)
+    self.rollback_from = nil
+  end
   local final = format.step_dir(self.folder, step)
+  -- Never over another run's step (this run re-saves its own: the final
+  -- model-only export over the same step's full save).
+  if self.last_saved ~= step and fs.exists(final) then
+    fail("not saving step %d: %s already exists and this run did not write it; expected a new step (move it away, "
+      .. "or resume from it)", step, final)
+  end
   local token = self.gather(fs.pid())[1] -- rank 0's pid names the temporary folder
   local tmp = fs.join(self.folder, (".step-%d.tmp-%d"):format(step, token))
   if self.rank == 0 then
@@ -235,12 +276,7 @@ function Manager:purge()
       if ok then pcall(fs.remove_all, doomed) end
     end
   end
-  if self.world == 1 and fs.is_dir(self.folder) then
-    for _, name in ipairs(fs.list(self.folder)) do
-      local pid = name:match("^%.step%-%d+%.tmp%-(%d+)$") or name:match("^%.purge%-step%-%d+%-(%d+)$")
-      if pid and tonumber(pid) ~= fs.pid() and not fs.alive(pid) then pcall(fs.remove_all, fs.join(self.folder, name)) end
-    end
-  end
+  self:clean_stale()
 end
 
 -- ---- loading -------------------------------------------------------------------
@@ -278,6 +314,29 @@ local function resolve_path(path)
     path, format.MARKER)
 end
 
+-- A rollback (load_step below the latest step): at the new run's first
+-- save, the abandoned run's later steps move to <folder>/abandoned-<time>/
+-- (rank 0), so that its saves neither collide with them nor get purged as
+-- the older ones by keep_latest_k, and nothing is deleted.
+function Manager:set_aside_after(want)
+  local later = {}
+  for _, s in ipairs(format.list_steps(self.folder)) do
+    if s.step > want then later[#later + 1] = s end
+  end
+  if #later == 0 then return end
+  local aside = fs.join(self.folder, "abandoned-" .. os.date("!%Y%m%d-%H%M%S"))
+  if self.rank == 0 then
+    fs.mkdirs(aside)
+    for _, s in ipairs(later) do fs.rename(s.dir, fs.join(aside, fs.basename(s.dir))) end
+    fs.sync_dir(self.folder)
+    local names = {}
+    for _, s in ipairs(later) do names[#names + 1] = tostring(s.step) end
+    self.log(("rolling back to step %d: the later step%s %s moved to %s (nothing deleted)"):format(want,
+      #later > 1 and "s" or "", table.concat(names, ", "), aside))
+  end
+  self.barrier()
+end
+
 -- Load what the config asks for into parts. Returns the step loaded and
 -- an info table { extra =, lr_step =, path =, model_only = }, or nil when
 -- there is nothing to load (train from scratch). parts.extra, when a table,
@@ -292,10 +351,11 @@ function Manager:load(parts)
     if not fs.is_dir(dir) then
       local have = {}
       for _, s in ipairs(self:complete_steps(true)) do have[#have + 1] = tostring(s.step) end
-      fail("checkpoint.load_step = %d but %s does not exist (complete steps: %s)", want, dir,
+      fail("checkpoint.load_step = %s but %s does not exist (complete steps: %s)", tostring(want), dir,
         #have > 0 and table.concat(have, ", ") or "none")
     end
     kind = "titan"
+    self.rollback_from = want -- (later steps move aside at this run's first save: set_aside_after)
   else
     local steps = self:complete_steps()
     if #steps > 0 then dir, kind = steps[#steps].dir, "titan" end
@@ -312,6 +372,17 @@ function Manager:load(parts)
   end
   local ck = format.open(dir)
   if ck.step == 0 then model_only = true end -- a seed checkpoint
+  if not initial and not model_only and ck.meta.model_only
+    and not (self.exclude.optimizer and self.exclude.dataloader and self.exclude.lr_scheduler) then
+    local full = {}
+    for _, s in ipairs(self:complete_steps(true)) do
+      if s.step < ck.step then full[#full + 1] = tostring(s.step) end
+    end
+    fail("%s holds the model only (a final export, checkpoint.last_save_model_only): resuming from it would restart "
+      .. "AdamW's moments, the data and the schedule; expected a full step (--checkpoint.load_step=N; earlier steps: "
+      .. "%s), or --checkpoint.exclude_from_loading=optimizer,dataloader,lr_scheduler to go on from its weights", dir,
+      #full > 0 and table.concat(full, ", ") or "none")
+  end
   local ts = state.restore(ck, parts, { model_only = model_only, exclude = self.exclude, shard_of = self.shard_of,
     rank = self.data_rank, known = self.known_names })
   model_only = model_only or ck.meta.model_only
@@ -324,7 +395,12 @@ function Manager:load(parts)
       for k, v in pairs(info.extra) do parts.extra[k] = v end
     end
   end
-  self.log(("loaded step %d from %s%s"):format(ck.step, dir, model_only and " (model only)" or ""))
+  if initial and model_only and ck.step > 0 then
+    self.log(("loaded the model of step %d from %s; AdamW's moments, the data position and the learning-rate "
+      .. "schedule start fresh at step 0 (checkpoint.initial_load_model_only)"):format(ck.step, dir))
+  else
+    self.log(("loaded step %d from %s%s"):format(ck.step, dir, model_only and " (model only)" or ""))
+  end
   return step, info
 end
 

@@ -86,6 +86,34 @@ function M.collect(parts, opts)
   return items, ts
 end
 
+-- The first item whose tensor holds a NaN or an infinity, or nil: one sum
+-- of squares in float64 over the items of each device (a float32 square
+-- cannot overflow it), then item by item only when that sum is not finite.
+function M.first_nonfinite(items)
+  local ops = require("titan.ops")
+  local function finite(v) return v == v and v ~= math.huge end
+  local by_dev, order = {}, {}
+  for _, it in ipairs(items) do
+    local t = it.tensor
+    if t:numel() > 0 and t:device() ~= "meta" then
+      local d = t:device()
+      if not by_dev[d] then by_dev[d] = {}; order[#order + 1] = d end
+      local g = by_dev[d]
+      g[#g + 1] = it
+    end
+  end
+  for _, d in ipairs(order) do
+    local ts = {}
+    for i, it in ipairs(by_dev[d]) do ts[i] = it.tensor end
+    if not finite(ops.global_norm(ts)) then
+      for _, it in ipairs(by_dev[d]) do
+        if not finite(ops.global_norm({ it.tensor })) then return it.name end
+      end
+    end
+  end
+  return nil
+end
+
 -- Optimizer state of parameter e, created as AdamW would on its first step
 -- (f32 moments; an f32 master copy for bf16 parameters), kept.
 local function ensure_optim_state(opt, e)
@@ -99,6 +127,57 @@ local function ensure_optim_state(opt, e)
   }
   if p:dtype() == "bfloat16" then st.master = memory.keep(p:to("float32")) end
   return st, true
+end
+
+-- What a full resume needs of ck and its train state ts, each checked
+-- against what the save itself recorded (the optimizer's per-parameter step
+-- counts name the parameters that had moments). Fails naming what is
+-- missing and how to start without it.
+function M.check_resumable(ck, ts, parts, exclude)
+  local missing = {}
+  local no_ts = type(ts) ~= "table"
+  if no_ts then ts = {} end
+  local opt = parts.optimizer
+  if opt and not exclude.optimizer then
+    local o = ts.optimizer
+    if type(o) ~= "table" or type(o.step_count) ~= "number" or o.step_count < 0 or o.step_count % 1 ~= 0
+      or (o.param_steps ~= nil and type(o.param_steps) ~= "table") then
+      missing[#missing + 1] = "the optimizer's step count (train_state.optimizer)"
+    else
+      local lacking, first = 0, nil
+      for name, s in pairs(o.param_steps or {}) do
+        if type(s) ~= "number" then
+          lacking, first = lacking + 1, first or name
+        else
+          for _, kind in ipairs({ "exp_avg", "exp_avg_sq" }) do
+            if not ck:has(M.OPTIM_PREFIX .. name .. "." .. kind) then
+              lacking, first = lacking + 1, first or (M.OPTIM_PREFIX .. name .. "." .. kind)
+              break
+            end
+          end
+        end
+      end
+      if lacking > 0 then
+        missing[#missing + 1] = ("AdamW's moments of %d parameter(s) it trained (%s%s)"):format(lacking, first,
+          lacking > 1 and ", ..." or "")
+      end
+    end
+  end
+  if parts.dataloader and parts.dataloader.load_state_dict and not exclude.dataloader
+    and type(ts.dataloader) ~= "table" and type(ts.dataloader_ranks) ~= "table" then
+    missing[#missing + 1] = "the data position (train_state.dataloader)"
+  end
+  if not exclude.lr_scheduler and (type(ts.lr_scheduler) ~= "table" or type(ts.lr_scheduler.step) ~= "number") then
+    missing[#missing + 1] = "the learning-rate schedule's step (train_state.lr_scheduler)"
+  end
+  if no_ts and #missing > 0 then
+    missing = { ("its train state (metadata.json has no train_state table: %s)"):format(table.concat(missing, ", ")) }
+  end
+  if #missing > 0 then
+    fail("%s lacks %s: resuming would restart %s silently; expected a whole checkpoint, or name what to restart "
+      .. "(--checkpoint.exclude_from_loading=optimizer,dataloader,lr_scheduler)", ck.dir, table.concat(missing, ", "),
+      (#missing > 1 or no_ts) and "them" or "it")
+  end
 end
 
 -- Restore parts from checkpoint ck. opts: model_only, exclude (set of
@@ -136,8 +215,12 @@ function M.restore(ck, parts, opts)
         table.concat(extra, ", ", 1, math.min(3, #extra)), #extra > 3 and ", ..." or "")
     end
   end
-  local ts = meta.train_state or {}
+  local ts = meta.train_state
   local opt = parts.optimizer
+  -- A resume takes every piece or refuses: a piece missing would restart
+  -- silently (fresh AdamW moments, the data from its first batch).
+  if not model_only then M.check_resumable(ck, ts, parts, exclude) end
+  ts = type(ts) == "table" and ts or {}
   local new_state = {}
   if opt and not model_only and not exclude.optimizer and ts.optimizer then
     for _, e in ipairs(opt.params) do

@@ -138,7 +138,7 @@ function M.main(...)
     if #pos ~= 1 then die("verify needs exactly one DIR (got %d)", #pos) end
     local dir = latest_or_self(pos[1])
     local n = ckpt.verify(dir)
-    print(("%s: %d chunk(s), every checksum matches"):format(dir, n))
+    print(("%s: %d chunk(s), every checksum matches, no NaN or inf"):format(dir, n))
   elseif cmd == "convert" then
     convert(args)
   else

@@ -53,7 +53,54 @@ function M.paths(cfg)
   if formats[t.dataset] == nil and t.dataset ~= "bin" then
     error(("data: unknown training.dataset '%s'; expected fortunes, text, jsonl or bin"):format(t.dataset), 0)
   end
+  for _, p in ipairs(paths) do M.check_file(p, t.dataset) end
   return paths, formats[t.dataset]
+end
+
+-- A dataset file is what training.dataset says, by its bytes and not its
+-- name: a token file starts with its magic; a text or JSONL corpus holds no
+-- NUL byte and is mostly valid UTF-8 in its first 64 KiB (random bytes, a
+-- token file or a binary given as text would otherwise train as text).
+function M.check_file(path, dataset)
+  local f, err = io.open(path, "rb")
+  if not f then error(("data: cannot read training.dataset_path file %s: %s"):format(path, tostring(err)), 0) end
+  local head = f:read(65536) or ""
+  f:close()
+  local is_tokens = head:sub(1, 8) == "TTOKENS1"
+  if dataset == "bin" then
+    if not is_tokens then
+      error(("data: training.dataset = bin, but %s is not a Titan token file (it does not start with TTOKENS1); "
+        .. "expected a file from `titan data prepare`, or training.dataset = text or jsonl for a corpus"):format(path),
+        0)
+    end
+    return
+  end
+  if is_tokens then
+    error(("data: %s is a Titan token file; expected training.dataset = bin for it (training.dataset = %s reads "
+      .. "text)"):format(path, dataset), 0)
+  end
+  local nul = head:find("\0", 1, true)
+  local bad, i, n = 0, 1, #head
+  while i <= n do -- (a sequence cut by the 64 KiB boundary counts as valid)
+    local c = head:byte(i)
+    local len = c < 0x80 and 1 or (c >= 0xC2 and c <= 0xDF) and 2 or (c >= 0xE0 and c <= 0xEF) and 3
+      or (c >= 0xF0 and c <= 0xF4) and 4 or 0
+    if len == 0 then
+      bad, i = bad + 1, i + 1
+    else
+      local ok = true
+      for k = 1, len - 1 do
+        local b = head:byte(i + k)
+        if b and (b < 0x80 or b > 0xBF) then ok = false end
+      end
+      if ok then i = i + len else bad, i = bad + 1, i + 1 end
+    end
+  end
+  if nul or (n > 0 and bad > n / 10) then
+    error(("data: %s does not look like text (%s in its first %d bytes); expected UTF-8 text for training.dataset "
+      .. "= %s"):format(path, nul and ("a NUL byte at offset " .. (nul - 1)) or (bad .. " bytes of invalid UTF-8"),
+      n, dataset), 0)
+  end
 end
 
 function M.build(cfg, tokenizer, dp)

@@ -1,0 +1,17 @@
+-- The debug model with a loss that stays finite at step TITAN_FAULT_STEP
+-- (default 3) while every gradient of that step is NaN: 0 * sum(sqrt(z)) at
+-- z = 0 adds 0 to the loss and 0 * inf = NaN to the gradients
+-- (tests/faults/numerics_spec.lua).
+local titan = require("titan")
+local F = titan.F
+local at = tonumber(os.getenv("TITAN_FAULT_STEP") or "3")
+
+return {
+  base = "llama3_debugmodel",
+  loss_fn = function(logits, targets, ctx)
+    local V = logits:size(-1)
+    local ce = F.cross_entropy(logits:reshape(-1, V), targets:reshape(-1), { num_tokens = ctx.num_tokens })
+    if ctx.step ~= at then return ce end
+    return ce + (logits - logits):sqrt():sum() * 0
+  end,
+}
