@@ -308,6 +308,8 @@ static int tt_run_lua(int argc, char **argv) {
         "local result = chunk(select(2, ...))\n"
         "if type(result) == 'table' then\n"
         "  require('titan.trainer').run(result, { select(2, ...) })\n"
+        "elseif result == nil then\n"
+        "  require('titan.config').check_script_result(path)\n"
         "end\n";
     st = luaL_loadbuffer(L, run_script, strlen(run_script), "=titan");
     if (st == 0) {

@@ -352,7 +352,18 @@ end
 -- (lua/titan) names no parallelism itself.
 function M.parallelize(model, mesh, cfg, par) return require("parallel.llama3").parallelize(model, mesh, cfg, par) end
 function M.parallel() return require("parallel.parallelize") end
-function M.check_config(cfg, need) return require("parallel.dims").check_config(cfg, need) end
+-- The longest sequence a flavor trains on: its own max_seq_len, else Llama
+-- 3.1's context window (RoPE scaled from 8192 positions).
+M.CONTEXT = 131072
+function M.check_config(cfg, need)
+  local f = M.flavors[cfg.model.flavor]
+  if f then
+    local limit = f.max_seq_len or M.CONTEXT
+    need(cfg.training.seq_len <= limit, ("training.seq_len = %d exceeds the context of %s %s (%d positions); "
+      .. "expected at most %d"):format(cfg.training.seq_len, cfg.model.name, cfg.model.flavor, limit, limit))
+  end
+  return require("parallel.dims").check_config(cfg, need)
+end
 
 -- Mixture of experts: the number of experts of the model's MoE layers (0:
 -- none), whether a parameter is an expert's, and the Linear layers whose

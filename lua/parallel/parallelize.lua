@@ -96,6 +96,10 @@ function M.setup(cfg, family, env, opts)
     self.mesh = pd:build_mesh(0, { fake = true })
   end
   self.whole, self.whole_names = model, names_of(model)
+  -- (checkpoints and HF imports: the whole job's names; this rank's may be a
+  -- part of them: a pipeline stage, its experts, or none of a tensor whose
+  -- FSDP rows all went to the lower ranks, as torch.chunk deals them)
+  self.all_names = self.whole_names
   local fn = opts.parallelize or family.parallelize
   local out = fn(model, self.mesh, cfg, self)
   self:finish(out or model)
@@ -158,7 +162,6 @@ function Par:pipeline(model, sub)
   self.stages = pp.split(self.build_meta, self.family.pp_plan, self.dims.pp_layout, self.pp_rank)
   self.models = {}
   for i, st in ipairs(self.stages) do self.models[i] = st.model end
-  self.all_names = self.whole_names -- (checkpoints: the whole job's names; this rank's are a part)
   return self.models
 end
 
@@ -230,7 +233,7 @@ function Par:expert_parallel(model, sub)
     local E = self.family.num_experts(self.whole)
     e = { group = group, layers = 0, plans = {}, experts = E, local_experts = E / self.dims.ep,
       replicas = self.mesh:size("ep_replica") > 1 and self.mesh:group("ep_replica") or nil }
-    self.ep_plan, self.ep_group, self.all_names = e, group, self.whole_names
+    self.ep_plan, self.ep_group = e, group
   end
   local p = require("parallel.ep").apply(model, group)
   e.plans[#e.plans + 1] = p

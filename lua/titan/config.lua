@@ -333,6 +333,22 @@ function M.load_recipe(ref)
   return r
 end
 
+-- A script run as `titan FILE.lua [ARGS]` that returned nothing: fine for a
+-- script (its arguments are its own), but a recipe that forgot its `return`
+-- would exit 0 having trained nothing. It is one when its text builds a
+-- table with a model and a training section, or names a base recipe.
+function M.check_script_result(path)
+  local f = io.open(path, "rb")
+  local text = f and f:read("*a") or ""
+  if f then f:close() end
+  local looks = (text:match("[%s{,]model%s*=%s*{") and text:match("[%s{,]training%s*=%s*{"))
+    or text:match("[%s{,]base%s*=%s*[\"']")
+  if looks then
+    error(("%s returned nothing, so nothing was trained; expected a recipe to end with `return { ... }`"):format(path),
+      0)
+  end
+end
+
 -- Merge b over a (tables merged per section; functions and other fields replaced).
 local function merge(a, b)
   local out = copy(a)

@@ -52,9 +52,21 @@ end
 -- Forward and backward of one micro-batch; returns its loss tensor. (The
 -- regions only time a profiled step: profiler.region is fn(...) otherwise.)
 local function backward(loss) loss:backward() end
+-- A recipe hook's result that is not what it must be: one line naming the
+-- hook, what it returned and what it must return (not a failure further in).
+local function bad_hook(name, got, want)
+  local what = type(got) == "table" and getmetatable(got) and got.shape and ("a tensor of shape [%s]"):format(
+    table.concat(got:shape(), ", ")) or (type(got) == "table" and "a table" or tostring(got))
+  error(("recipe: %s returned %s; expected %s"):format(name, what, want), 0)
+end
+M.bad_hook = bad_hook
+
 function M.forward_backward(tr, b, ctx)
   local logits = profiler.region("forward", "step", tr.model, b.inputs)
   local loss = profiler.region("loss", "step", tr.loss_fn, logits, b.targets, ctx)
+  if type(loss) ~= "table" or not loss.numel or loss:numel() ~= 1 then
+    bad_hook("loss_fn", loss, "a scalar tensor (e.g. F.cross_entropy(logits:reshape(-1, V), targets:reshape(-1)))")
+  end
   profiler.region("backward", "step", backward, loss)
   return loss
 end
@@ -195,6 +207,9 @@ function Trainer:build_data()
   end
   local build_data = cfg.build_data or require("titan.data").build
   self.data = build_data(cfg, self.tokenizer, { rank = self.dp_rank, world = self.dp_size })
+  if type(self.data) ~= "table" or type(self.data.train) ~= "table" then
+    bad_hook("build_data", self.data, "{ train = loader, val = loader or nil } (e.g. titan.data.build(cfg, ...))")
+  end
   local per_micro = t.local_batch_size * t.seq_len * self.dp_size
   if t.global_batch_tokens > 0 then
     if t.global_batch_tokens % per_micro ~= 0 then
@@ -301,7 +316,43 @@ function Trainer:build_checkpoint()
     if s then
       self.step = s
       if state.extra.rng then titan.set_rng_state(state.extra.rng) end
+      self:note_changes(state.extra.run)
     end
+  end
+end
+
+-- What a resumed run should keep, or say it changed: the step count (the
+-- schedule's length), the tokenizer (its file and vocabulary) and the
+-- corpus (its files and their sizes).
+function Trainer:run_identity()
+  if self.identity then return self.identity end
+  local t, fs = self.cfg.training, require("titan.checkpoint.fs")
+  local sizes = {}
+  if t.dataset ~= "fortunes" then
+    for p in t.dataset_path:gmatch("[^,]+") do sizes[#sizes + 1] = ("%s:%s"):format(p, tostring(fs.size(p))) end
+  end
+  self.identity = { steps = t.steps, tokenizer = self.cfg.model.tokenizer, vocab = self.tokenizer.vocab_size,
+    corpus = t.dataset .. (#sizes > 0 and (" " .. table.concat(sizes, ",")) or "") }
+  return self.identity
+end
+
+function Trainer:note_changes(saved)
+  if type(saved) ~= "table" then return end
+  local now = self:run_identity()
+  local function note(what, old, new, consequence)
+    self.print(("checkpoint: resuming with %s %s; the checkpoint's run had %s (%s)"):format(what, tostring(new),
+      tostring(old), consequence))
+  end
+  if saved.steps ~= nil and saved.steps ~= now.steps then
+    note("training.steps =", saved.steps, now.steps, "the learning-rate schedule now runs to the new last step")
+  end
+  if (saved.tokenizer ~= nil and saved.tokenizer ~= now.tokenizer) or (saved.vocab ~= nil and saved.vocab ~= now.vocab)
+  then
+    note("the tokenizer", ("%s (%s tokens)"):format(tostring(saved.tokenizer), tostring(saved.vocab)),
+      ("%s (%d tokens)"):format(now.tokenizer, now.vocab), "the model's embeddings were trained on the old one's ids")
+  end
+  if saved.corpus ~= nil and saved.corpus ~= now.corpus then
+    note("the corpus", saved.corpus, now.corpus, "the data position may point elsewhere in it")
   end
 end
 
@@ -333,7 +384,7 @@ function Trainer:ckpt_state()
   return {
     model = self.par:state_model(), optimizer = self.optimizer,
     dataloader = self.data.train,
-    extra = { step = self.step, lr_step = self.step, rng = titan.rng_state() },
+    extra = { step = self.step, lr_step = self.step, rng = titan.rng_state(), run = self:run_identity() },
   }
 end
 
@@ -418,6 +469,12 @@ end
 local function sync(self, params, loss) return self.par:sync(params, loss) end
 function Trainer:step_once(step, params)
   local loss, ntok = self:train_step(step)
+  if self.cfg.train_step then
+    if type(loss) ~= "number" then bad_hook("train_step", loss, "the step's loss as a number, then its tokens") end
+    if type(ntok) ~= "number" or ntok < 0 then
+      bad_hook("train_step", ntok, "the step's loss, then its number of tokens (a second value)")
+    end
+  end
   loss = profiler.region("gradient reduction", "step", sync, self, params, loss)
   if loss ~= loss or loss == math.huge or loss == -math.huge then
     -- Stop before the update: the weights stay those of the last good step, and

@@ -141,3 +141,45 @@ describe("a resume", function()
     end
   end)
 end)
+
+describe("a resume with another run's settings", function()
+  it("says what changed: the step count, the corpus", function()
+    local dump = sh.tmpdir()
+    local corpus = os.tmpname()
+    local f = assert(io.open(corpus, "w"))
+    for i = 1, 400 do f:write(("line %d of a small corpus, repeated to have some tokens\n"):format(i)) end
+    f:close()
+    local data = { "--training.dataset=text", "--training.dataset_path=" .. corpus }
+    sh.run_ok(F.train_cmd(dump, ck(sh.with(data, { "--training.steps=2" }))))
+    f = assert(io.open(corpus, "a"))
+    f:write("one more line\n")
+    f:close()
+    local out = sh.run_ok(F.train_cmd(dump, ck(sh.with(data, { "--training.steps=3" }))))
+    assert.truthy(out:find("checkpoint: resuming with training.steps = 3; the checkpoint's run had 2 (the "
+      .. "learning-rate schedule now runs to the new last step)", 1, true), out)
+    assert.truthy(out:find("checkpoint: resuming with the corpus text " .. corpus .. ":", 1, true), out)
+    assert.truthy(out:find("(the data position may point elsewhere in it)", 1, true), out)
+    out = sh.run_ok(F.train_cmd(dump, ck(sh.with(data, { "--training.steps=4" }))))
+    assert.falsy(out:find("resuming with the corpus", 1, true), out)
+    os.remove(corpus)
+  end)
+end)
+
+describe("FSDP with empty pieces", function()
+  -- (torch.chunk's rule: a router's 8 rows over 5 ranks are 2, 2, 2, 2 and none)
+  it("saves, resumes exactly on the same 5 ranks, and reshards onto 2", function()
+    local dump = sh.tmpdir()
+    local keys = ck({ "--model.flavor=debugmodel_moe", "--training.local_batch_size=1", "--checkpoint.interval=2",
+      "--training.shuffle=false" })
+    local function sim(n, extra) return F.train_cmd(dump, sh.with(keys, extra)):gsub("(/titan) ", "%1 --simulate " .. n
+      .. " ", 1) end
+    local straight = sh.run_ok(sim(5, { "--training.steps=3" }))
+    sh.run_ok(("rm -r %s/checkpoint/step-3"):format(dump))
+    local resumed = sh.run_ok(sim(5, { "--training.steps=3" }))
+    assert.truthy(resumed:find("loaded step 2", 1, true), resumed)
+    assert.are.same(sh.losses(straight)[3], sh.losses(resumed)[1])
+    sh.run_ok(("rm -r %s/checkpoint/step-3"):format(dump))
+    local two = sh.run_ok(sim(2, { "--training.steps=3", "--checkpoint.exclude_from_loading=dataloader" }))
+    assert.truthy(two:find("loaded step 2", 1, true) and two:find("step:     3", 1, true), two)
+  end)
+end)

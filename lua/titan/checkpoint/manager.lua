@@ -85,6 +85,12 @@ function M.new(cfg, opts)
     fail("checkpoint.initial_load_path = %s, but checkpoint.enable is false, so nothing would be loaded; expected "
       .. "--checkpoint.enable=true", c.initial_load_path)
   end
+  if c.create_seed_checkpoint and (c.initial_load_path ~= "" or c.load_step ~= -1) then
+    fail("checkpoint.create_seed_checkpoint writes freshly initialized weights as step 0, so %s would be ignored; "
+      .. "expected one or the other (a checkpoint from Hugging Face weights: titan ckpt convert --from hf)",
+      c.initial_load_path ~= "" and ("initial_load_path = " .. c.initial_load_path) or
+      ("load_step = " .. tostring(c.load_step)))
+  end
   if not c.enable and c.load_step ~= -1 then
     fail("checkpoint.load_step = %s, but checkpoint.enable is false, so nothing would be loaded; expected "
       .. "--checkpoint.enable=true", tostring(c.load_step))
@@ -119,6 +125,14 @@ end
 function Manager:prepare()
   if not self.enable or self.rank ~= 0 then return end
   fs.mkdirs(self.folder) -- its error names the folder and why
+  -- (a folder that takes no files fails now, not at the first save hours in)
+  local probe = fs.join(self.folder, (".write-test-%d"):format(fs.pid()))
+  local ok, err = pcall(fs.write_file, probe, "")
+  if not ok then
+    fail("cannot write into %s (%s); expected a writable checkpoint folder", self.folder,
+      (tostring(err):gsub("^checkpoint: ", "")))
+  end
+  pcall(fs.remove_all, probe)
   self:clean_stale()
 end
 
