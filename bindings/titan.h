@@ -739,6 +739,22 @@ tt_status tt_group_traffic(const tt_group *g, int64_t *calls, int64_t *bytes, in
  * rank's values): titan estimate's dry runs. Returns the previous setting. */
 int tt_dist_fake_dry(int on);
 void tt_group_traffic_reset(tt_group *g);
+/* The name the watchdog's messages and trace give the group (e.g. "tp
+ * [4,5]"); copied, at most 95 bytes. */
+void tt_group_set_label(tt_group *g, const char *label);
+
+/* The collectives watchdog (engine/watchdog.c): once started, every blocking
+ * call of a group (a collective, send, receive, barrier, wait) is recorded
+ * in a ring of the last `capacity` calls; one that waits longer than
+ * init_timeout_s (until tt_watchdog_training) or train_timeout_s (after; 0:
+ * never) writes the ring to trace_path (JSON lines), prints one line naming
+ * the call and its group, and exits the process with code 124. Starting
+ * again changes the settings. */
+tt_status tt_watchdog_start(int rank, int world, double init_timeout_s, double train_timeout_s, int capacity,
+                            const char *trace_path);
+void tt_watchdog_training(void);
+/* The ring as it is now, to path. */
+tt_status tt_watchdog_dump(const char *path);
 /* Ranks with the same color form a new group, ordered by key (as MPI_Comm_split). */
 tt_status tt_group_split(tt_group *g, int color, int key, tt_group **out);
 tt_status tt_dist_all_reduce(tt_group *g, tt_tensor *t, int op);

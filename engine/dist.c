@@ -143,7 +143,10 @@ tt_status tt_dist_all_reduce(tt_group *g, tt_tensor *t, int op) {
   TT_TRY(tt_chk_op("all_reduce", op));
   TT_TRY(tt_chk_coll("all_reduce", g, t));
   tt_count(g, TT_COLL_ALL_REDUCE, t);
-  return g->be->all_reduce(g, t, op);
+  const int64_t wd = tt_watch_begin("all_reduce", g, tt_tensor_numel(t) * (int64_t)tt_dtype_size(t->dtype));
+  const tt_status st = g->be->all_reduce(g, t, op);
+  tt_watch_end(wd);
+  return st;
 }
 
 tt_status tt_dist_reduce_scatter(tt_group *g, const tt_tensor *in, tt_tensor *out, int op) {
@@ -152,7 +155,10 @@ tt_status tt_dist_reduce_scatter(tt_group *g, const tt_tensor *in, tt_tensor *ou
   TT_TRY(tt_chk_coll("reduce_scatter", g, out));
   TT_TRY(tt_chk_dim0("reduce_scatter", g, out, in));
   tt_count(g, TT_COLL_REDUCE_SCATTER, in);
-  return g->be->reduce_scatter(g, in, out, op);
+  const int64_t wd = tt_watch_begin("reduce_scatter", g, tt_tensor_numel(in) * (int64_t)tt_dtype_size(in->dtype));
+  const tt_status st = g->be->reduce_scatter(g, in, out, op);
+  tt_watch_end(wd);
+  return st;
 }
 
 tt_status tt_dist_all_gather(tt_group *g, const tt_tensor *in, tt_tensor *out) {
@@ -160,7 +166,10 @@ tt_status tt_dist_all_gather(tt_group *g, const tt_tensor *in, tt_tensor *out) {
   TT_TRY(tt_chk_coll("all_gather", g, out));
   TT_TRY(tt_chk_dim0("all_gather", g, in, out));
   tt_count(g, TT_COLL_ALL_GATHER, out);
-  return g->be->all_gather(g, in, out);
+  const int64_t wd = tt_watch_begin("all_gather", g, tt_tensor_numel(out) * (int64_t)tt_dtype_size(out->dtype));
+  const tt_status st = g->be->all_gather(g, in, out);
+  tt_watch_end(wd);
+  return st;
 }
 
 tt_status tt_dist_broadcast(tt_group *g, tt_tensor *t, int root) {
@@ -168,7 +177,10 @@ tt_status tt_dist_broadcast(tt_group *g, tt_tensor *t, int root) {
     return tt_error_set(TT_ERR_INVALID, "broadcast: root %d is not in [0, %d)", root, g->size);
   TT_TRY(tt_chk_coll("broadcast", g, t));
   tt_count(g, TT_COLL_BROADCAST, t);
-  return g->be->broadcast(g, t, root);
+  const int64_t wd = tt_watch_begin("broadcast", g, tt_tensor_numel(t) * (int64_t)tt_dtype_size(t->dtype));
+  const tt_status st = g->be->broadcast(g, t, root);
+  tt_watch_end(wd);
+  return st;
 }
 
 tt_status tt_dist_all_to_all(tt_group *g, const tt_tensor *in, tt_tensor *out) {
@@ -180,7 +192,10 @@ tt_status tt_dist_all_to_all(tt_group *g, const tt_tensor *in, tt_tensor *out) {
     return tt_error_set(TT_ERR_SHAPE, "all_to_all: in %s and out %s; expected equal sizes and dim 0 divisible by %d",
                         SHP(in, s1), SHP(out, s2), g->size);
   tt_count(g, TT_COLL_ALL_TO_ALL, in);
-  return g->be->all_to_all(g, in, out);
+  const int64_t wd = tt_watch_begin("all_to_all", g, tt_tensor_numel(in) * (int64_t)tt_dtype_size(in->dtype));
+  const tt_status st = g->be->all_to_all(g, in, out);
+  tt_watch_end(wd);
+  return st;
 }
 
 #define TT_TAG_LIMIT (1 << 20)
@@ -198,17 +213,32 @@ tt_status tt_dist_send(tt_group *g, const tt_tensor *t, int peer, int tag) {
   TT_TRY(tt_chk_peer("send", g, peer, tag));
   TT_TRY(tt_chk_coll("send", g, t));
   tt_count(g, TT_COLL_SEND, t);
-  return g->be->send(g, t, peer, tag);
+  const int64_t wd = tt_watch_begin("send", g, tt_tensor_numel(t) * (int64_t)tt_dtype_size(t->dtype));
+  const tt_status st = g->be->send(g, t, peer, tag);
+  tt_watch_end(wd);
+  return st;
 }
 
 tt_status tt_dist_recv(tt_group *g, tt_tensor *t, int peer, int tag) {
   TT_TRY(tt_chk_peer("recv", g, peer, tag));
   TT_TRY(tt_chk_coll("recv", g, t));
   tt_count(g, TT_COLL_RECV, t);
-  return g->be->recv(g, t, peer, tag);
+  const int64_t wd = tt_watch_begin("recv", g, tt_tensor_numel(t) * (int64_t)tt_dtype_size(t->dtype));
+  const tt_status st = g->be->recv(g, t, peer, tag);
+  tt_watch_end(wd);
+  return st;
 }
 
-tt_status tt_dist_barrier(tt_group *g) { return g->be->barrier(g); }
+tt_status tt_dist_barrier(tt_group *g) {
+  const int64_t wd = tt_watch_begin("barrier", g, 0);
+  const tt_status st = g->be->barrier(g);
+  tt_watch_end(wd);
+  return st;
+}
+
+void tt_group_set_label(tt_group *g, const char *label) {
+  if (g) snprintf(g->label, sizeof g->label, "%s", label ? label : "");
+}
 
 struct tt_work {
   tt_group *g;
@@ -325,8 +355,10 @@ tt_status tt_dist_all_gather_async(tt_group *g, const tt_tensor *in, tt_tensor *
 tt_status tt_work_wait(tt_work *w) {
   if (!w) return TT_OK;
   tt_status st = TT_OK;
+  const int64_t wd = w->req ? tt_watch_begin(w->coll ? "wait (collective)" : "wait (send)", w->g, 0) : -1;
   if (w->req && w->coll) st = w->g->be->wait_coll(w->g, w->req);
   else if (w->req && w->g->be->wait) st = w->g->be->wait(w->g, w->req);
+  tt_watch_end(wd);
   tt_tensor_release(w->t);
   if (w->t2) tt_tensor_release(w->t2);
   for (int i = 0; i < w->nheld; i++) tt_tensor_release(w->held[i]);
@@ -392,7 +424,10 @@ tt_status tt_dist_batch_p2p(tt_group *g, int n, const int *is_send, tt_tensor *c
                             const int *tags) {
   TT_TRY(tt_chk_batch("batch_p2p", g, n, is_send, ts, peers, tags));
   tt_count_batch(g, n, is_send, ts);
-  return batch_p2p_impl(g, n, is_send, ts, peers, tags);
+  const int64_t wd = tt_watch_begin("batch_p2p", g, 0);
+  const tt_status st = batch_p2p_impl(g, n, is_send, ts, peers, tags);
+  tt_watch_end(wd);
+  return st;
 }
 
 /* The batch, validated and counted by the caller. */
@@ -408,7 +443,7 @@ static tt_status batch_p2p_impl(tt_group *g, int n, const int *is_send, tt_tenso
   for (int i = 0; i < n && st == TT_OK; i++)
     if (!is_send[i]) st = g->be->recv(g, ts[i], peers[i], tags[i]);
   for (int i = 0; i < n; i++) {
-    tt_status w = tt_work_wait(works[i]); /* (every work is waited for and freed, also after a failure) */
+    tt_status w = tt_work_wait(works[i]); /* (its own watch replaces batch_p2p's: one call in flight) */ /* (every work is waited for and freed, also after a failure) */
     if (st == TT_OK) st = w;
   }
   free(works);

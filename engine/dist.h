@@ -57,7 +57,14 @@ struct tt_group {
   /* What this rank handed to each kind of collective (tt_coll_kind): calls
    * and payload bytes, counted where a call is validated (tt_group_traffic). */
   int64_t calls[TT_COLL_KINDS], bytes[TT_COLL_KINDS];
+  /* What the watchdog's messages and trace call it (tt_group_set_label). */
+  char label[96];
 };
+
+/* The watchdog (watchdog.c): a blocking call of dist.c, in flight from
+ * begin to end (begin returns -1 when no watchdog runs). */
+int64_t tt_watch_begin(const char *op, const tt_group *g, int64_t bytes);
+void tt_watch_end(int64_t slot);
 
 const tt_dist_backend *tt_dist_backend_fake(void);
 /* Simulated ranks of this process (engine/sim.c, dist_local.c). */

@@ -64,6 +64,11 @@ M.defaults = {
     steps = 5,
     split = 0.02,           -- fraction of documents held out
   },
+  comm = {
+    init_timeout_seconds = 300,  -- a collective waiting longer, before the first step is done: the job stops (0: never)
+    train_timeout_seconds = 100, -- the same after the first step (TorchTitan's defaults)
+    trace_buf_size = 2000,       -- collectives kept in each rank's flight recorder, written on a timeout
+  },
   metrics = {
     log_freq = 1,
     enable_jsonl = true,
@@ -124,7 +129,7 @@ M.defaults = {
 
 -- The sections in the order a recipe reads (help and docs use it).
 M.sections = { "job", "model", "optimizer", "lr_scheduler", "training", "validation", "metrics", "checkpoint",
-  "activation_checkpoint", "parallelism", "float8", "debug", "profiling" }
+  "activation_checkpoint", "parallelism", "float8", "comm", "debug", "profiling" }
 
 -- One line per key for `titan RECIPE.lua --help` (docs/recipes.md has the
 -- long form). training_spec checks that every key has one, and a row there.
@@ -158,6 +163,10 @@ M.descriptions = {
   ["training.seq_len"] = "tokens per sequence",
   ["training.steps"] = "optimizer steps to train",
   ["training.max_norm"] = "clip gradients to this global norm (0 = off)",
+  ["comm.init_timeout_seconds"] = "a collective waiting longer than this before the first step ends stops the job "
+    .. "(0: never)",
+  ["comm.train_timeout_seconds"] = "the same after the first step (a stopped or stuck rank)",
+  ["comm.trace_buf_size"] = "the last collectives each rank records, written to comm_traces/ on a timeout",
   ["training.on_nonfinite_grad"] = "a NaN/inf gradient norm: stop (its update skipped, nothing of it saved) or skip "
     .. "(the update skipped, training goes on)",
   ["training.seed"] = "seeds weights, data order and sampling",
@@ -456,6 +465,11 @@ function M.validate(cfg)
     "lr_scheduler.decay_ratio must be in [0, 1], or -1 (decay over every step after warmup), got "
       .. tostring(ls.decay_ratio))
   need(t.max_norm >= 0, "training.max_norm must be >= 0 (0: no clipping), got " .. tostring(t.max_norm))
+  local cm = cfg.comm
+  need(cm.init_timeout_seconds >= 0 and cm.train_timeout_seconds >= 0, ("comm timeouts must be >= 0 (0: none), got "
+    .. "init %s, train %s"):format(tostring(cm.init_timeout_seconds), tostring(cm.train_timeout_seconds)))
+  need(cm.trace_buf_size >= 1 and cm.trace_buf_size % 1 == 0, ("comm.trace_buf_size = %s; expected a positive "
+    .. "integer"):format(tostring(cm.trace_buf_size)))
   need(t.on_nonfinite_grad == "stop" or t.on_nonfinite_grad == "skip", ("training.on_nonfinite_grad = '%s'; "
     .. "expected stop or skip"):format(t.on_nonfinite_grad))
   need(t.threads == -1 or (t.threads >= 1 and t.threads % 1 == 0),

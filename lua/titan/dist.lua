@@ -73,6 +73,11 @@ end
 function Group:rank() return C.tt_group_rank(self._c) end
 function Group:size() return C.tt_group_size(self._c) end
 function Group:backend() return ffi.string(C.tt_group_backend(self._c)) end
+-- The name the collectives watchdog gives the group (engine/watchdog.c).
+function Group:set_label(label)
+  C.tt_group_set_label(self._c, label)
+  if self._host then C.tt_group_set_label(self._host._c, label) end
+end
 
 function Group:split(color, key)
   local out = ffi.new("tt_group*[1]")
@@ -325,6 +330,7 @@ function M.world_group()
   local backend = e.launcher == "simulate" and "local" or "mpi"
   local ok, g = pcall(M.new_group, { backend = backend, rank = e.rank, world = e.world })
   if not ok then error((tostring(g):gsub("^[^:]*:%d+: ", "")), 0) end -- (the reason, not this line's position)
+  g:set_label(("world [0-%d]"):format(e.world - 1))
   world_group = g
   return world_group
 end

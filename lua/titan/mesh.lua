@@ -573,6 +573,12 @@ function Mesh:group(dims)
       g = fake_group(key, s.view and s.view.size or product(self, s.dims))
     else
       g = root:split(color, key)
+      if g.set_label then -- (the watchdog's name for it: dims and the job's ranks)
+        local ranks = {}
+        for i, r in ipairs((locate(self, s, self._rank))) do ranks[i] = self:global_rank(r) end
+        local name = s.dims and table.concat(self:_names_of(s.dims), " x ") or s.key:gsub("^v:", "")
+        g:set_label(("%s [%s]"):format(name, table.concat(ranks, ",")))
+      end
     end
   end
   self._groups[s.key] = g

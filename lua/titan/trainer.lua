@@ -172,6 +172,16 @@ function Trainer:setup_runtime(env)
   titan.set_gemm_autotune(t.gemm_autotune)
   titan.manual_seed(t.seed)
   self.device = t.device
+  -- Ranks as processes (not simulated: their own deadlock check): a rank
+  -- that stops would leave the others waiting in a collective for ever.
+  if env.world > 1 and env.launcher ~= "simulate" then
+    local cm = cfg.comm
+    local dir = cfg.job.dump_folder .. "/comm_traces"
+    mkdir_p(dir)
+    self.comm_trace = ("%s/rank%d.jsonl"):format(dir, env.rank)
+    require("titan.ffi").check(titan.C.tt_watchdog_start(env.rank, env.world, cm.init_timeout_seconds,
+      cm.train_timeout_seconds, cm.trace_buf_size, self.comm_trace))
+  end
   if t.device:match("^cuda") and not titan.cuda_available() then
     error(("trainer: training.device = %s, but %s"):format(t.device, titan.C.tt_cuda_device_count() == 0 and
       "no CUDA device is visible (or titan was built without TITAN_CUDA)" or "that device does not exist"), 0)
@@ -657,6 +667,11 @@ function Trainer:train(until_step)
       self:nonfinite_grad(step, step, 1, grad_norm, loss)
     end
     self.step = step
+    -- (start-up and the first step done: from now on the train timeout)
+    if self.comm_trace and not self.comm_trained then
+      self.comm_trained = true
+      titan.C.tt_watchdog_training()
+    end
     losses[#losses + 1] = loss
     self.last_loss = loss
     self.run_tokens = self.run_tokens + ntok

@@ -40,3 +40,33 @@ describe("an interrupted save's temporary folders", function()
     end)
   end
 end)
+
+describe("a rank that stops", function()
+  -- (at step 3: the train timeout; in the first step, still the init timeout)
+  for _, c in ipairs({ { 3, "train" }, { 1, "init" } }) do
+    it(("at step %d stops the job after comm.%s_timeout_seconds, naming the collective; the trace written"):format(
+      c[1], c[2]), function()
+      if not require("titan.dist").built("mpi") then return pending("titan was built without Open MPI") end
+      local dump = sh.tmpdir()
+      local cmd = F.train_cmd(dump, { "--training.steps=6", "--checkpoint.enable=true", "--checkpoint.interval=2",
+        ("--comm.%s_timeout_seconds=2"):format(c[2]) }, "tests/faults/recipes/freeze_rank.lua", ("TITAN_FAULT_STEP=%d ")
+        :format(c[1])):gsub("(/titan) ", "%1 --nproc 2 ", 1)
+      local t0 = os.time()
+      local out, rc = sh.run((cmd:gsub("OMP_NUM_THREADS=2 ", "OMP_NUM_THREADS=1 timeout 120 ", 1)))
+      assert.are.equal(124, rc, out) -- (the rank's exit code, passed on by mpirun)
+      assert.is_true(os.time() - t0 < 60, out)
+      local _, n = out:gsub(("has waited %%d+ s, more than comm.%s_timeout_seconds = 2: another rank of the group has "
+        .. "not reached it %%(stopped, stuck on its device, or in another collective%%); stopping the job; this rank's "
+        .. "last %%d+ collectives are in "):format(c[2]) .. dump:gsub("%p", "%%%0") .. "/comm_traces/rank0.jsonl", "")
+      assert.are.equal(1, n, out)
+      assert.truthy(out:find("titan (rank 0 of 2): ", 1, true), out)
+      assert.are.same(c[1] == 3 and { 2 } or {}, F.checkpoints(dump))
+      -- the flight recorder: one whole JSON line a collective, the last one still waiting
+      local last
+      for line in io.lines(dump .. "/comm_traces/rank0.jsonl") do last = require("cjson").decode(line) end
+      assert.truthy(last.waiting_seconds >= 2 and last.group:find("[0,1]", 1, true), require("cjson").encode(last))
+      -- (no rank left behind, stopped or spinning)
+      assert.are.equal("", (sh.run("pgrep -f '[f]reeze_rank.lua'")))
+    end)
+  end
+end)
