@@ -535,9 +535,11 @@ end
 -- that puts the BOS token in front of every encoding, as Llama 3's own
 -- tokenizer.json does (Titan trains on BOS + document + EOS and encodes
 -- prompts with BOS; Titan's loader ignores post_processor, callers say bos).
--- opts.merge_strings: merges as "left right" strings, the layout HF
--- tokenizers before 0.20 (transformers before 4.45) can read, instead of
--- [left, right] pairs.
+-- Merges are "left right" strings, never [left, right] pairs: HF tokenizers
+-- reads strings in every version, pairs only from 0.20 (0.15-0.19, which
+-- transformers up to 4.44 pins, refuse them with "data did not match any
+-- variant of untagged enum ModelWrapper"). A byte-level name never holds a
+-- space (the space byte is spelled "Ġ"), so the string splits back exactly.
 function Tokenizer:to_json(opts)
   opts = opts or {}
   local c = handle(self)
@@ -563,11 +565,7 @@ function Tokenizer:to_json(opts)
   local l, r, m = ffi.new("int32_t[1]"), ffi.new("int32_t[1]"), ffi.new("int32_t[1]")
   for i = 0, self.n_merges - 1 do
     check(C.tt_tokenizer_merge(c, i, l, r, m))
-    if opts.merge_strings then -- "left right": byte-level names hold no space
-      merges[#merges + 1] = ("      %s"):format(js(names[l[0]] .. " " .. names[r[0]]))
-    else
-      merges[#merges + 1] = ("      [%s, %s]"):format(js(names[l[0]]), js(names[r[0]]))
-    end
+    merges[#merges + 1] = ("      %s"):format(js(names[l[0]] .. " " .. names[r[0]]))
   end
   local out = {
     '{',

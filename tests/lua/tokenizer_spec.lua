@@ -1,6 +1,7 @@
 -- Tokenizers: the shipped fortunes tokenizer, exact round trips (the whole
 -- fortunes corpus, fuzzed bytes), tiktoken and HF tokenizer.json loading
--- (both merge spellings), save, trainer determinism, the CLI, bad input.
+-- (both merge spellings; written as strings), save, trainer determinism,
+-- the CLI, HF tokenizers reading Titan's files (Python, when installed), bad input.
 local cjson = require("cjson")
 local env = require("titan.env")
 local Tokenizer = require("titan.tokenizer")
@@ -266,13 +267,43 @@ describe("tokenizer", function()
     local d = Tokenizer.load(write(tmp("ignore.json"), tiny_hf('["a b"]', ', "ignore_merges": true')))
     assert.are.same({ 258 }, ids_of(d, "abc"))
     d:free()
-    -- the shipped file with its merges rewritten as strings encodes the same
+    -- the shipped file with its merges rewritten as pairs encodes the same
     local doc = cjson.decode(read(shipped))
-    for i, m in ipairs(doc.model.merges) do doc.model.merges[i] = m[1] .. " " .. m[2] end
-    local e = Tokenizer.load(write(tmp("shipped_strings.json"), cjson.encode(doc)))
+    for i, m in ipairs(doc.model.merges) do doc.model.merges[i] = { m:match("^(%S+) (%S+)$") } end
+    local e = Tokenizer.load(write(tmp("shipped_pairs.json"), cjson.encode(doc)))
     local text = "Whenever you find yourself on the side of the majority, it is time to pause and reflect."
     assert.are.same(ids_of(tok, text), ids_of(e, text))
     e:free()
+  end)
+
+  it("writes merges as \"left right\" strings, the form every HF tokenizers version reads", function()
+    -- (HF tokenizers 0.15-0.19, which transformers up to 4.44 pins, refuse
+    -- [left, right] pairs: "data did not match any variant of untagged enum ModelWrapper")
+    local function check(text, n, what)
+      local merges = cjson.decode(text).model.merges
+      assert.are.equal(n, #merges, what)
+      for i, m in ipairs(merges) do
+        if type(m) ~= "string" or not m:match("^%S+ %S+$") then
+          error(("%s: merges[%d] is %s, expected a \"left right\" string"):format(what, i, cjson.encode(m)))
+        end
+      end
+    end
+    check(read(shipped), 1790, "the shipped file")
+    check(tok:to_json(), 1790, "to_json")
+    check(tok:to_json({ add_bos = true }), 1790, "to_json (add_bos)")
+    -- a file read with pairs is written with strings, and reads back as the same tokenizer
+    local a = Tokenizer.load(write(tmp("pairs_in.json"), tiny_hf('[["b", "c"], ["a", "b"], ["a", "bc"]]')))
+    a:save(tmp("strings_out.json"))
+    check(read(tmp("strings_out.json")), 3, "saved from pairs")
+    local b = Tokenizer.load(tmp("strings_out.json"))
+    for _, s in ipairs({ "abc", "abab", "bcab c" }) do assert.are.same(ids_of(a, s), ids_of(b, s), s) end
+    a:free()
+    b:free()
+    -- what `titan tokenizer train` writes
+    local text = write(tmp("form.txt"), ("The early bird gets the worm; the second mouse gets the cheese.\n"):rep(20))
+    local o, rc = run(("%s tokenizer train --vocab 280 --out %s %s"):format(exe, tmp("form.json"), text))
+    assert.are.equal(0, rc, o)
+    check(read(tmp("form.json")), 280 - 256 - 2, "titan tokenizer train")
   end)
 
   it("saves the same bytes it loaded, and frees deterministically", function()
@@ -367,6 +398,46 @@ describe("tokenizer", function()
     out, rc = run(("%s tokenizer info --tokenizer %s"):format(exe, shipped))
     assert.are.equal(0, rc, out)
     assert.truthy(out:find("vocab_size    2048", 1, true), out)
+  end)
+
+  -- The Python side (tests/reference/tokenizer_file_check.py, with
+  -- TITAN_HF_PYTHON as tests/lua/hf_spec.lua): HF tokenizers reads the
+  -- shipped file and what `titan tokenizer train` writes, and encodes as
+  -- Titan does, special-token text inside a text included (split as
+  -- plain text: tokenizers' encode_special_tokens, transformers'
+  -- split_special_tokens, which HF exports set; docs/tokenizer.md).
+  it("HF tokenizers (Python) loads Titan's files and encodes texts as Titan does", function()
+    local python = os.getenv("TITAN_HF_PYTHON") or "/usr/bin/python3"
+    local q = dofile("tests/lua/shell.lua").quote
+    local o, rc = run(q(python) .. " -c 'import json'")
+    if rc ~= 0 then return pending(python .. " does not run: " .. o) end
+    local text = write(tmp("py.txt"), ("Fortune favours the bold; the early bird gets the worm.\n"):rep(20))
+    o, rc = run(("%s tokenizer train --vocab 300 --out %s %s"):format(exe, tmp("py.json"), text))
+    assert.are.equal(0, rc, o)
+    local texts = { "Hello world", "  two spaces, tabs\tand\nnew lines\n", "ünïcödé — “quotes” 😀", "1234567 it's",
+      "a<|end_of_text|>b", "<|begin_of_text|>Title\n\nBody <|end_of_text|> more<|end_of_text|>",
+      "not quite <|end_of_text| nor <|endoftext|>" }
+    local files = { shipped, tmp("py.json") }
+    write(tmp("py_cases.json"), cjson.encode({ files = files, texts = texts }))
+    o, rc = run(("%s %s %s %s"):format(q(python), q(root .. "/tests/reference/tokenizer_file_check.py"),
+      q(tmp("py_cases.json")), q(tmp("py_report.json"))))
+    assert.are.equal(0, rc, o)
+    local report = cjson.decode(read(tmp("py_report.json")))
+    if not report.available then
+      return pending(("python tokenizers is not importable by %s (%s); install it with: python3 -m venv /opt/hfvenv && "
+        .. "/opt/hfvenv/bin/pip install tokenizers, then run with TITAN_HF_PYTHON=/opt/hfvenv/bin/python"):format(
+        python, tostring(report.error)))
+    end
+    for i, f in ipairs(report.files) do
+      if f.error ~= cjson.null then
+        error(("tokenizers %s cannot read %s: %s"):format(report.version, files[i], tostring(f.error)))
+      end
+      local t = Tokenizer.load(files[i])
+      for k, s in ipairs(texts) do
+        assert.are.same(ids_of(t, s), f.ids[k], ("tokenizers %s, %s: %q"):format(report.version, files[i], s))
+      end
+      t:free()
+    end
   end)
 
   it("bad input fails with one line naming the file and what was expected", function()

@@ -85,15 +85,15 @@ end
 
 -- The tokenizer files transformers' AutoTokenizer reads from the export:
 -- tokenizer.json (BOS put in front by its post_processor, as Llama 3's
--- own, since Titan trains on BOS + document + EOS; merges in the layout
--- every tokenizers version reads) and tokenizer_config.json. Read up front
--- into plain Lua values, and the tokenizer freed at once: nothing is left
--- for the garbage collector if the export fails later.
+-- own, since Titan trains on BOS + document + EOS) and
+-- tokenizer_config.json. Read up front into plain Lua values, and the
+-- tokenizer freed at once: nothing is left for the garbage collector if
+-- the export fails later.
 local function load_tokenizer(path, a)
   local tok = require("titan.tokenizer").load(path)
   local n = tok.vocab_size
   local ok, t = pcall(function()
-    return { json = tok:to_json({ add_bos = true, merge_strings = true }), bos_id = tok.bos_id, eos_id = tok.eos_id,
+    return { json = tok:to_json({ add_bos = true }), bos_id = tok.bos_id, eos_id = tok.eos_id,
       bos = tok.bos_id and tok:token(tok.bos_id), eos = tok.eos_id and tok:token(tok.eos_id) }
   end)
   tok:free()
