@@ -785,5 +785,40 @@ describe("titan.data", function()
       local b = data.Loader(data.TokenDataset(out, { seq_len = 32 }), { batch_size = 2 })
       assert.are.same(batches(a, 5), batches(b, 5))
     end)
+
+    it("special-token text inside a document is text: BOS and EOS only where documents begin and end", function()
+      local tok_path = env.root .. "/assets/tokenizers/fortunes_2048.json"
+      local tok = require("titan.tokenizer").load(tok_path)
+      local docs = { "How to end a document: write <|end_of_text|> and stop.",
+        "<|begin_of_text|><|end_of_text|>", "a<|end_of_text|><|begin_of_text|>b" }
+      local lines = {}
+      for i, d in ipairs(docs) do lines[i] = cjson.encode({ text = d }) end
+      local p = write("specials.jsonl", table.concat(lines, "\n") .. "\n")
+      local total = 0
+      for _, d in ipairs(docs) do total = total + #tok:encode_table(d) + 2 end
+      -- one window holding the whole stream: the markers are the packing's
+      local w = epoch(data.TextDataset(p, tok, { seq_len = total - 1, infinite = false }))
+      assert.are.equal(1, #w)
+      local want, bos, eos = {}, 0, 0
+      for _, d in ipairs(docs) do
+        for _, id in ipairs(tok:encode_table(d, { bos = true, eos = true })) do want[#want + 1] = id end
+      end
+      assert.are.same(want, w[1].tokens)
+      for _, id in ipairs(w[1].tokens) do
+        if id == tok.bos_id then bos = bos + 1 elseif id == tok.eos_id then eos = eos + 1 end
+      end
+      assert.are.equal(#docs, bos)
+      assert.are.equal(#docs, eos)
+      -- and each document decodes back to its text, special-token text included
+      local at = 1
+      for _, d in ipairs(docs) do
+        local n = #tok:encode_table(d)
+        assert.are.equal(tok.bos_id, w[1].tokens[at])
+        assert.are.equal(d, tok:decode({ unpack(w[1].tokens, at + 1, at + n) }))
+        assert.are.equal(tok.eos_id, w[1].tokens[at + n + 1])
+        at = at + n + 2
+      end
+      tok:free()
+    end)
   end)
 end)

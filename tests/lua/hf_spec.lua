@@ -319,7 +319,9 @@ end)
 -- model config the BOS/EOS ids generate() stops at.
 describe("HF export with the tokenizer", function()
   local TOK = env.root .. "/assets/tokenizers/fortunes_2048.json"
-  local TEXTS = { "Hello world", "  two spaces, tabs\tand\nnew lines\n", "ünïcödé — “quotes” 😀", "1234567 it's" }
+  -- (the last two hold special-token text, plain text to Titan: split_special_tokens makes it so in transformers)
+  local TEXTS = { "Hello world", "  two spaces, tabs\tand\nnew lines\n", "ünïcödé — “quotes” 😀", "1234567 it's",
+    "a<|end_of_text|>b", "<|begin_of_text|>Title\n\nBody <|end_of_text|> more<|end_of_text|>" }
 
   local function export_with_tokenizer(dir)
     local m = llama3.build("debugmodel", { seed = 7 })
@@ -339,6 +341,7 @@ describe("HF export with the tokenizer", function()
     assert.are.equal("PreTrainedTokenizerFast", tc.tokenizer_class)
     assert.are.equal(ours:token(ours.bos_id), tc.bos_token)
     assert.are.equal(ours:token(ours.eos_id), tc.eos_token)
+    assert.is_true(tc.split_special_tokens) -- special-token text in a text is text, as Titan encodes it
     local tj = json.decode(fs.read_file(dir .. "/tokenizer.json"))
     assert.are.equal("TemplateProcessing", tj.post_processor.type)
     assert.are.same({ ours.bos_id }, tj.post_processor.special_tokens[tc.bos_token].ids)

@@ -5,7 +5,9 @@
 CASES_JSON is a list of {"text": ..., "ids": [...]}: Titan's encoding of the
 text with BOS in front (how Titan trains and prompts). Writes OUT_JSON:
 
-  tokenizers:   the `tokenizers` library's Tokenizer.from_file(tokenizer.json):
+  tokenizers:   the `tokenizers` library's Tokenizer.from_file(tokenizer.json),
+                with encode_special_tokens as tokenizer_config.json's
+                split_special_tokens says (tokenizer.json cannot carry it):
                 for each case, encode(text).ids == ids and
                 decode(ids, skip_special_tokens=True) == text; or
                 {"available": false} when it is not importable;
@@ -38,11 +40,14 @@ def main():
         cases = json.load(f)
     with open(os.path.join(hf_dir, "config.json")) as f:
         cfg = json.load(f)
+    with open(os.path.join(hf_dir, "tokenizer_config.json")) as f:
+        tok_cfg = json.load(f)
     report = {}
 
     try:
         import tokenizers
         tok = tokenizers.Tokenizer.from_file(os.path.join(hf_dir, "tokenizer.json"))
+        tok.encode_special_tokens = bool(tok_cfg.get("split_special_tokens", False))
         err = first_mismatch(lambda t: tok.encode(t).ids, lambda ids: tok.decode(ids, skip_special_tokens=True), cases)
         report["tokenizers"] = {"available": True, "version": tokenizers.__version__, "ok": err is None, "error": err}
     except ImportError as e:

@@ -104,11 +104,16 @@ local function load_tokenizer(path, a)
   return t
 end
 
+-- split_special_tokens: special-token text inside a text ("<|end_of_text|>"
+-- in a document) is plain text to Titan, so that data never forges a
+-- document boundary or a control token; transformers matches it as the
+-- special token unless told so, and would encode such a text otherwise
+-- than the model was trained on (docs/tokenizer.md, "Special tokens").
 local function write_tokenizer(tok, dir, a)
   fs.write_file(fs.join(dir, "tokenizer.json"), tok.json)
   local cfg = { tokenizer_class = "PreTrainedTokenizerFast", model_max_length = a.max_seq_len,
     clean_up_tokenization_spaces = false, model_input_names = json.array({ "input_ids", "attention_mask" }),
-    bos_token = tok.bos, eos_token = tok.eos }
+    bos_token = tok.bos, eos_token = tok.eos, split_special_tokens = true }
   fs.write_file(fs.join(dir, "tokenizer_config.json"), json.encode(cfg, 2) .. "\n")
 end
 
