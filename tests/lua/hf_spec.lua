@@ -136,9 +136,39 @@ describe("HF names and layout", function()
       original_max_position_embeddings = 8192 }, c.rope_scaling)
     assert.are.equal(61, c.vocab_size)
     assert.is_false(c.tie_word_embeddings)
-    assert.are.equal(32, c.max_position_embeddings)
+    -- transformers wants original_max_position_embeddings below max_position_embeddings (else it warns):
+    -- the context the scaling is made for, Meta's 131072, not the 32 positions the model trains on
+    assert.are.equal(131072, c.max_position_embeddings)
     assert.are.equal("bfloat16", c.torch_dtype)
     assert.are.equal("BF16", safetensors.open(out .. "/model.safetensors"):entry("lm_head.weight").dtype)
+    for _, flavor in ipairs({ "debugmodel", "1B", "8B", "70B" }) do
+      local fc = hf.config(llama3.args(flavor), "bfloat16")
+      assert.truthy(fc.rope_scaling.original_max_position_embeddings < fc.max_position_embeddings, flavor)
+      assert.are.equal(131072, fc.max_position_embeddings, flavor) -- (Meta's Llama 3.1 configs say so)
+    end
+    -- an original past 131072 is still below it; no scaling: max_position_embeddings is max_seq_len
+    local far = hf.config(llama3.args(GQA, { rope_scaling = { factor = 8, low_freq_factor = 1, high_freq_factor = 4,
+      original_max_seq = 262144 } }), "float32")
+    assert.are.equal(8 * 262144, far.max_position_embeddings)
+    local plain = hf.config(llama3.args(GQA, { rope_scaling = { factor = 1 } }), "float32")
+    assert.are.equal(json.null, plain.rope_scaling)
+    assert.are.equal(32, plain.max_position_embeddings)
+  end)
+
+  it("transformers loads the exported config.json without a warning (Python, when installed)", function()
+    local rc, out = run(sh_quote(PYTHON) .. " -c 'import json'")
+    if rc ~= 0 then return pending(PYTHON .. " does not run: " .. out) end
+    local dir = tmpdir()
+    hf.export({ model = llama3.build("debugmodel", { seed = 1 }) }, dir .. "/hf")
+    rc, out = run(("%s %s %s %s"):format(sh_quote(PYTHON), sh_quote(env.root .. "/tests/reference/hf_config_check.py"),
+      sh_quote(dir .. "/hf"), sh_quote(dir .. "/report.json")))
+    assert.are.equal(0, rc, out)
+    local report = json.decode(fs.read_file(dir .. "/report.json"))
+    if not report.available then
+      return pending("transformers is not importable by " .. PYTHON .. "; " .. INSTALL)
+    end
+    assert.are.same({}, report.warnings, "transformers " .. report.version)
+    assert.are.equal(131072, report.max_position_embeddings)
   end)
 end)
 

@@ -62,20 +62,39 @@ local function permuted(w, heads)
   return autograd.no_grad(function() return w:view(heads, hd / 2, 2, cols):transpose(2, 3) end)
 end
 
+-- The context Llama 3.1's RoPE scaling stretches its 8192 positions to: the
+-- max_position_embeddings of Meta's Llama 3.1-3.3 configs (and the longest
+-- sequence lua/models/llama3.lua lets a flavor without max_seq_len train on).
+M.LLAMA3_SCALED_CONTEXT = 131072
+
+-- max_position_embeddings: the model's max_seq_len, or with the llama3 RoPE
+-- scaling the context it is made for when that is longer, as Meta's
+-- configs have it. transformers warns on loading a llama3 rope_scaling
+-- whose original_max_position_embeddings is not below
+-- max_position_embeddings (the debug model: 8192 against its 2048). Its
+-- frequencies depend on the original and the factors only, never on
+-- max_position_embeddings, so the logits are the same either way. (With a
+-- tokenizer, tokenizer_config.json's model_max_length keeps max_seq_len.)
 function M.config(a, dtype, special)
   local sc = a.rope_scaling
   local scaling = json.null
+  local max_pos = a.max_seq_len
   if sc and sc.factor and sc.factor > 1 then
+    -- (a field left out takes F.rope_tables' default, as the model's tables did)
+    local original = sc.original_max_seq or 8192
     -- floats as transformers checks them (8.0: an integral 8 is "not a float" to it)
-    scaling = { rope_type = "llama3", factor = json.float(sc.factor), low_freq_factor = json.float(sc.low_freq_factor),
-      high_freq_factor = json.float(sc.high_freq_factor), original_max_position_embeddings = sc.original_max_seq }
+    scaling = { rope_type = "llama3", factor = json.float(sc.factor),
+      low_freq_factor = json.float(sc.low_freq_factor or 1), high_freq_factor = json.float(sc.high_freq_factor or 4),
+      original_max_position_embeddings = original }
+    max_pos = math.max(max_pos, M.LLAMA3_SCALED_CONTEXT)
+    if max_pos <= original then max_pos = math.floor(sc.factor * original) end -- (an original past Llama 3.1's)
   end
   return {
     architectures = json.array({ "LlamaForCausalLM" }), model_type = "llama",
     hidden_size = a.dim, intermediate_size = a.ffn_hidden, num_attention_heads = a.n_heads,
     num_key_value_heads = a.n_kv_heads, num_hidden_layers = a.n_layers, head_dim = a.head_dim or a.dim / a.n_heads,
     rms_norm_eps = a.norm_eps, rope_theta = json.float(a.rope_theta), rope_scaling = scaling, vocab_size = a.vocab_size,
-    tie_word_embeddings = a.tie_embeddings and true or false, max_position_embeddings = a.max_seq_len,
+    tie_word_embeddings = a.tie_embeddings and true or false, max_position_embeddings = max_pos,
     torch_dtype = dtype, hidden_act = "silu", attention_bias = false, attention_dropout = 0.0, mlp_bias = false,
     initializer_range = 0.02, pretraining_tp = 1, use_cache = true,
     -- with a tokenizer: transformers' generate() stops at this EOS
