@@ -120,10 +120,11 @@ end
 -- the input is x + prev (prev: the previous block's feed-forward output,
 -- nil for the first block), and it returns the residual h and its own
 -- feed-forward output, which the next norm adds.
+-- (:call("add_forward", ...) is norm:add_forward(...), named in a profile as the norm's call is)
 function Block:forward_parts(x, prev, rope)
   local xn
-  if prev then x, xn = self.attention_norm:add_forward(x, prev) else xn = self.attention_norm(x) end
-  local h, hn = self.ffn_norm:add_forward(x, self.attention(xn, rope))
+  if prev then x, xn = self.attention_norm:call("add_forward", x, prev) else xn = self.attention_norm(x) end
+  local h, hn = self.ffn_norm:call("add_forward", x, self.attention(xn, rope))
   return h, (self.moe or self.feed_forward)(hn)
 end
 
@@ -178,7 +179,7 @@ function Transformer:forward(ids)
     -- (The residual stream crosses a block boundary as two tensors, h + f,
     -- added in the next block's first norm; a block wrapped to keep only its
     -- input takes one, and returns f = nil: lua/parallel/ac.lua.)
-    h, f = titan.scope(layer.forward_parts, layer, h_prev, f_prev, rope)
+    h, f = titan.scope(layer.call, layer, "forward_parts", h_prev, f_prev, rope) -- (a profile's layers.N)
     -- The tapes hold (shared) what the backward needs: the residual stream's
     -- handles can go now rather than when the caller's scope ends.
     if h_prev ~= ids then h_prev:free() end
@@ -193,7 +194,7 @@ function Transformer:forward(ids)
   end
   if f then
     local _
-    _, h = self.norm:add_forward(h, f)
+    _, h = self.norm:call("add_forward", h, f)
   else
     h = self.norm(h)
   end

@@ -58,8 +58,19 @@ function Module:init() end
 -- (A profiler, while one is active, times each forward as a region.)
 function Module:__call(...)
   local p = profiler.active
-  if p then return p:module_call(self, ...) end
+  if p then return p:module_call(self, self.forward, ...) end
   return self:forward(...)
+end
+
+-- self:<method>(...) for an entry point other than forward that a model
+-- calls itself (a norm's fused add_forward, a block's forward_parts): a
+-- profiler, while one is active, times it as this module's region, as it
+-- times a call, so that no module's work goes unnamed in a profile.
+function Module:call(method, ...)
+  local fn = self[method]
+  local p = profiler.active
+  if p then return p:module_call(self, fn, ...) end
+  return fn(self, ...)
 end
 
 -- Registration by assignment keeps declaration order (for state dicts and

@@ -156,9 +156,10 @@ function M.region(name, cat, fn, ...)
   return p:region(name, cat, fn, ...)
 end
 
--- A module's forward (nn.Module's __call while a profiler is active).
-function Profiler:module_call(m, ...)
-  return self:region(self.names[m] or m.__name or "module", "module", m.forward, m, ...)
+-- fn(m, ...) as module m's region: its forward (nn.Module's __call while a
+-- profiler is active) or another of its entry points (nn.Module:call).
+function Profiler:module_call(m, fn, ...)
+  return self:region(self.names[m] or m.__name or "module", "module", fn, m, ...)
 end
 
 -- ---- reading the results -----------------------------------------------------------

@@ -1,7 +1,8 @@
 -- The profiler (lua/titan/profiler.lua): regions and their self/total
 -- times on a clock the spec controls, the summary's grouping, the Chrome
--- trace, errors inside regions; then a profiled training step through the
--- CLI: its files, its printed table, and the same losses as without it.
+-- trace, errors inside regions, a Llama 3 model's blocks and norms (the fused
+-- ones too); then a profiled training step through the CLI: its files, its
+-- printed table, and the same losses as without it.
 local titan = require("titan")
 local profiler = require("titan.profiler")
 local nn = titan.nn
@@ -193,6 +194,84 @@ describe("profiler regions", function()
       assert.are.equal(3, rows["backward layers.*.fc linear"].calls)
     end)
 
+  it("m:call(method, ...) is m:method(...), timed as m's region while a profiler is active", function()
+    local Two = nn.Module:extend("Two")
+    function Two:init() self.fc = nn.Linear(4, 4) end
+    function Two:forward(x) return self.fc(x) end
+    function Two:both(x, y) return self.fc(x), y end
+    local m = Two()
+    local x = titan.ones({ 2, 4 })
+    local a, b = m:call("both", x, 7) -- no profiler: the plain call, every result back
+    assert.are.same(m(x):tolist(), a:tolist())
+    assert.are.equal(7, b)
+    local p = profiler.new()
+    p:name_modules(m, "two")
+    p:start()
+    a, b = m:call("both", x, 7)
+    p:stop()
+    assert.are.equal(7, b)
+    local names = {}
+    for _, e in ipairs(p.events) do names[#names + 1] = e.cat .. " " .. e.name end
+    assert.are.same({ "module two.fc", "module two" }, names) -- (inner first: the order regions close)
+  end)
+
+  -- The blocks take the residual stream as two tensors and its adds are
+  -- fused into the norms (forward_parts, add_forward): neither is a
+  -- forward, and both must still be regions.
+  it("a Llama 3 model: a region per block (layers.N) and per RMSNorm, the fused ones too; the same logits",
+    function()
+      local llama3 = require("models.llama3")
+      local flavor = { dim = 32, n_layers = 3, n_heads = 4, n_kv_heads = 2, multiple_of = 16, vocab_size = 61,
+        max_seq_len = 32 }
+      local ids = titan.tensor({ { 3, 1, 4, 1, 5, 9, 2, 6 } }, { dtype = "int64" })
+      local function flat(t) return table.concat(t:tolist_flat(), ",") end
+      for _, ac in ipairs({ "none", "full" }) do
+        local m = llama3.build(flavor, { seed = 3 })
+        require("parallel.ac").apply(m, { mode = ac })
+        local plain = flat(m(ids))
+        local p = profiler.new()
+        p:name_modules(m)
+        p:start()
+        local y = profiler.region("forward", "step", m, ids)
+        profiler.region("backward", "step", function() y:sum():backward() end)
+        p:stop()
+        assert.are.equal(plain, flat(y), "profiling changes no logit (activation checkpointing " .. ac .. ")")
+        local seen, by_name = {}, {}
+        for _, e in ipairs(p.events) do
+          local key = e.cat .. " " .. e.name
+          seen[key] = (seen[key] or 0) + 1
+          if e.cat == "module" then by_name[e.name] = e end
+        end
+        local norms, blocks = 0, 0
+        for _, nm in ipairs(m:named_modules()) do
+          local class = nm[2].__name
+          if class == "RMSNorm" or class == "TransformerBlock" then
+            assert.truthy(seen["module " .. nm[1]], nm[1] .. " has a region (" .. ac .. "): " .. cjson.encode(seen))
+            if class == "RMSNorm" then norms = norms + 1 else blocks = blocks + 1 end
+          end
+        end
+        assert.are.equal(2 * 3 + 1, norms)
+        assert.are.equal(3, blocks)
+        -- a block's region holds its own modules' (the fused norm's too)
+        local inner = {}
+        for _, c in ipairs(by_name["layers.1"].children) do inner[#inner + 1] = c.name end
+        assert.are.same({ "layers.1.attention_norm", "layers.1.attention", "layers.1.ffn_norm",
+          "layers.1.feed_forward" }, inner)
+        for i = 0, 2 do
+          assert.truthy(seen["backward layers." .. i .. ".ffn_norm rms_norm"], cjson.encode(seen))
+        end
+        local rows = {}
+        for _, r in ipairs(p:summary()) do rows[r.cat .. " " .. r.name] = r end
+        -- (a checkpointed block runs its modules again in the backward; the block itself once)
+        local runs = ac == "full" and 2 or 1
+        assert.are.equal(3, rows["module layers.*"].calls)
+        assert.are.equal(3 * runs, rows["module layers.*.attention_norm"].calls)
+        assert.are.equal(3 * runs, rows["module layers.*.ffn_norm"].calls)
+        assert.are.equal(1, rows["module norm"].calls)
+        m:free()
+      end
+    end)
+
   it("with a memory reader: what each region left allocated, per row, and a memory track in the trace", function()
     local c, bytes = fake(), 0
     local p = profiler.new({ clock = c.clock, memory = function() return bytes end })
@@ -292,7 +371,9 @@ describe("profiling a training step (profiling.* keys)", function()
       for _, want in ipairs({ "step step 2", "step data", "step forward", "step loss", "step backward",
         "step gradient reduction", "step optimizer", "module model", "module layers.0.attention",
         "module layers.5.feed_forward.w2", "backward layers.5.feed_forward.w2 linear",
-        "backward layers.0.attention attention" }) do
+        "backward layers.0.attention attention", "module layers.0", "module layers.5", "module layers.0.attention_norm",
+        "module layers.3.attention_norm", "module layers.5.ffn_norm", "module norm",
+        "backward layers.3.attention_norm rms_norm" }) do
         assert.truthy(names[want], want .. " in the trace")
       end
       assert.are.equal(1, names["step step 2"])
@@ -302,6 +383,8 @@ describe("profiling a training step (profiling.* keys)", function()
       f:close()
       assert.truthy(summary:find("^step 2, rank 0, [%d%.]+ ms timed region by region\n"), summary)
       assert.truthy(summary:find("layers.*.feed_forward.w2", 1, true), summary)
+      assert.truthy(summary:find("\nmodule%s+layers%.%*%s+6%s"), summary) -- the six blocks, one row
+      assert.truthy(summary:find("\nmodule%s+layers%.%*%.ffn_norm%s+6%s"), summary)
       os.execute("rm -rf '" .. dump .. "' '" .. dump .. "-plain'")
     end)
 end)
