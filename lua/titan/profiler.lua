@@ -250,8 +250,12 @@ function Profiler:write_trace(path, meta)
   local text = require("cjson").encode(self:trace(meta))
   local f, err = io.open(path, "w")
   if not f then error(("profiler: cannot write the trace %s: %s"):format(path, tostring(err)), 0) end
-  f:write(text, "\n")
-  f:close()
+  local ok, werr = f:write(text, "\n")
+  local closed, cerr = f:close()
+  if not ok or not closed then -- (a full disk: one line, not a torn trace taken for a whole one)
+    os.remove(path)
+    error(("profiler: cannot write the trace %s: %s"):format(path, tostring(werr or cerr)), 0)
+  end
 end
 
 return M

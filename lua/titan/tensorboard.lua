@@ -133,8 +133,10 @@ end
 
 function Writer:write(ev)
   if not self.file then error("tensorboard: write after close of " .. self.path, 2) end
-  self.file:write(M.record(M.encode_event(ev)))
-  self.file:flush() -- a crashed run keeps what it logged
+  -- (checked: a full disk stops the job with one line; a crashed run keeps what it logged)
+  local ok, err = self.file:write(M.record(M.encode_event(ev)))
+  if ok then ok, err = self.file:flush() end
+  if not ok then error(("tensorboard: cannot write %s: %s"):format(self.path, tostring(err)), 0) end
 end
 
 -- The scalars of one step: values = { tag = number, ... } (written in tag

@@ -521,12 +521,12 @@ function Trainer:write_profile(step, prof)
   local trace = ("%s/rank%d_trace.json"):format(dir, self.rank)
   prof:write_trace(trace, { rank = self.rank, step = step, world = self.world, device = self.device })
   local text = prof:summary_text()
-  local f = io.open(("%s/rank%d_summary.txt"):format(dir, self.rank), "w")
-  if f then
-    f:write(("step %d, rank %d, %.3f ms timed region by region%s\n"):format(step, self.rank, prof:elapsed() * 1e3,
-      self:profile_how(prof)), text, "\n")
-    f:close()
-  end
+  local summary = ("%s/rank%d_summary.txt"):format(dir, self.rank)
+  local f, err = io.open(summary, "w")
+  local ok = f and f:write(("step %d, rank %d, %.3f ms timed region by region%s\n"):format(step, self.rank,
+    prof:elapsed() * 1e3, self:profile_how(prof)), text, "\n")
+  if f then ok = f:close() and ok end
+  if not ok then error(("profiler: cannot write %s: %s"):format(summary, tostring(err or "write failed")), 0) end
   self.print(("profiler: step %d took %.1f ms timed region by region%s; trace %s; the heaviest regions by their "
     .. "own time:"):format(step, prof:elapsed() * 1e3, self:profile_how(prof), trace))
   self.print(prof:summary_text(12))

@@ -85,6 +85,17 @@ describe("a write that fails part-way", function()
     assert.truthy(m[n - 1] and not m[n], out) -- steps 1 .. n-1 after the start event
   end)
 
+  it("to TensorBoard's events or a profiler trace stops the job with one line", function()
+    local dump = sh.tmpdir()
+    local out = F.fails("trap '' XFSZ; ulimit -f 1; " .. F.train_cmd(dump, { "--training.steps=40",
+      "--metrics.enable_jsonl=false", "--metrics.enable_tensorboard=true" }), "File too large")
+    assert.truthy(out:find("tensorboard: cannot write " .. dump .. "/tb/", 1, true), out)
+    out = F.fails("trap '' XFSZ; ulimit -f 1; " .. F.train_cmd(sh.tmpdir(), { "--training.steps=2",
+      "--metrics.enable_jsonl=false", "--profiling.enable_profiling=true", "--profiling.profile_freq=1" }),
+      "File too large")
+    assert.truthy(out:find("profiler: cannot write ", 1, true), out)
+  end)
+
   it("to a checkpoint stops the job with one line and leaves no partial step behind", function()
     local dump = sh.tmpdir()
     local out = F.fails("trap '' XFSZ; ulimit -f 4096; " .. F.train_cmd(dump, { "--training.steps=3",
@@ -95,5 +106,17 @@ describe("a write that fails part-way", function()
     assert.are.equal("", left)
     local m = F.metrics(dump)
     assert.truthy(m[2] and not m[3], out)
+  end)
+
+  it("in a checkpoint conversion leaves no temporary folder behind", function()
+    local dump = sh.tmpdir()
+    sh.run_ok(F.train_cmd(dump, { "--training.steps=1", "--checkpoint.enable=true", "--checkpoint.interval=1" }))
+    local ck, hf, back = dump .. "/checkpoint/step-1", dump .. "/out/hf", dump .. "/out/ck"
+    F.fails(("trap '' XFSZ; ulimit -f 2048; %s ckpt convert --to hf --model-flavor debugmodel %s %s"):format(F.exe, ck,
+      hf), "File too large")
+    assert.are.equal("", sh.run_ok(("ls -A %s/out"):format(dump)))
+    sh.run_ok(("%s ckpt convert --to hf --model-flavor debugmodel %s %s"):format(F.exe, ck, hf))
+    F.fails(("trap '' XFSZ; ulimit -f 2048; %s ckpt convert --from hf %s %s"):format(F.exe, hf, back), "File too large")
+    assert.are.equal("hf\n", sh.run_ok(("ls -A %s/out"):format(dump)))
   end)
 end)

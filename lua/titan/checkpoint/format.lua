@@ -182,15 +182,22 @@ function M.write(dir, ranks, info)
   end
   local keep = layout.dedup(plans)
   local parts = {}
-  for r = 1, #ranks do
-    local w = M.writer(tmp, r - 1, {})
-    for i, it in ipairs(ranks[r]) do
-      if keep[r][i] then w:add(it) end
+  -- (a failure part-way, a full disk: no temporary folder is left behind)
+  local ok, err = pcall(function()
+    for r = 1, #ranks do
+      local w = M.writer(tmp, r - 1, {})
+      for i, it in ipairs(ranks[r]) do
+        if keep[r][i] then w:add(it) end
+      end
+      w:start()
+      parts[r] = w:finish()
     end
-    w:start()
-    parts[r] = w:finish()
+    M.commit(tmp, dir, M.metadata(parts, info or {}))
+  end)
+  if not ok then
+    pcall(fs.remove_all, tmp)
+    error(err, 0)
   end
-  M.commit(tmp, dir, M.metadata(parts, info or {}))
 end
 
 -- ---- finding step folders --------------------------------------------------------

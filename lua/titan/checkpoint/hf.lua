@@ -235,36 +235,44 @@ function M.export(src, out_dir, opts)
   local tmp = fs.join(fs.dirname(out_dir), ("." .. fs.basename(out_dir) .. ".tmp-%d"):format(fs.pid()))
   if fs.exists(tmp) then fs.remove_all(tmp) end
   fs.mkdirs(tmp)
-  local weight_map = {}
-  for i, shard in ipairs(shards) do
-    local file = #shards == 1 and M.SINGLE or ("model-%05d-of-%05d.safetensors"):format(i, #shards)
-    local entries, shapes, owned = {}, {}, {}
-    for _, m in ipairs(shard) do
-      local t, own = source.get(m.titan)
-      if own then owned[#owned + 1] = t end
-      if t:dtype() ~= dtype then
-        t = t:to(dtype)
-        owned[#owned + 1] = t
+  -- (a failure part-way leaves no temporary folder behind, empty or not)
+  local ok, err = pcall(function()
+    local weight_map = {}
+    for i, shard in ipairs(shards) do
+      local file = #shards == 1 and M.SINGLE or ("model-%05d-of-%05d.safetensors"):format(i, #shards)
+      local entries, shapes, owned = {}, {}, {}
+      for _, m in ipairs(shard) do
+        local t, own = source.get(m.titan)
+        if own then owned[#owned + 1] = t end
+        if t:dtype() ~= dtype then
+          t = t:to(dtype)
+          owned[#owned + 1] = t
+        end
+        if m.heads then
+          t = permuted(t, m.heads)
+          owned[#owned + 1] = t
+          shapes[m.hf] = m.shape
+        end
+        entries[#entries + 1] = { m.hf, t }
+        weight_map[m.hf] = file
       end
-      if m.heads then
-        t = permuted(t, m.heads)
-        owned[#owned + 1] = t
-        shapes[m.hf] = m.shape
-      end
-      entries[#entries + 1] = { m.hf, t }
-      weight_map[m.hf] = file
+      safetensors.write(fs.join(tmp, file), entries, { shapes = shapes, metadata = { format = "pt" } })
+      for _, t in ipairs(owned) do t:free() end
     end
-    safetensors.write(fs.join(tmp, file), entries, { shapes = shapes, metadata = { format = "pt" } })
-    for _, t in ipairs(owned) do t:free() end
+    if #shards > 1 then
+      fs.write_file(fs.join(tmp, M.INDEX), json.encode({ metadata = { total_size = total }, weight_map = weight_map },
+        2) .. "\n")
+    end
+    fs.write_file(fs.join(tmp, "config.json"), json.encode(M.config(a, dtype, tok), 2) .. "\n")
+    if tok then write_tokenizer(tok, tmp, a) end
+    fs.sync_dir(tmp)
+    if fs.is_dir(out_dir) then fs.remove_all(out_dir) end -- an empty folder only (checked above)
+    fs.rename(tmp, out_dir)
+  end)
+  if not ok then
+    pcall(fs.remove_all, tmp)
+    error(err, 0)
   end
-  if #shards > 1 then
-    fs.write_file(fs.join(tmp, M.INDEX), json.encode({ metadata = { total_size = total }, weight_map = weight_map }, 2) .. "\n")
-  end
-  fs.write_file(fs.join(tmp, "config.json"), json.encode(M.config(a, dtype, tok), 2) .. "\n")
-  if tok then write_tokenizer(tok, tmp, a) end
-  fs.sync_dir(tmp)
-  if fs.is_dir(out_dir) then fs.remove_all(out_dir) end -- an empty folder only (checked above)
-  fs.rename(tmp, out_dir)
   fs.sync_dir(fs.dirname(out_dir))
   return out_dir
 end
