@@ -68,6 +68,18 @@ describe("a NaN gradient under a finite loss", function()
       assert.are_not.equal(c[4].loss, m[4].loss)
     end)
 
+  -- (the norm is the job's: every rank skips the same step, whichever rank's gradients went bad)
+  it("on one rank of an FSDP job is skipped by every rank, and the job goes on whole", function()
+    local dump = sh.tmpdir()
+    local cmd = F.train_cmd(dump, sh.with(ck, { "--training.on_nonfinite_grad=skip" }), NAN, "TITAN_FAULT_RANK=1 ")
+      :gsub("(/titan) ", "%1 --simulate 2 ", 1)
+    local out = sh.run_ok(cmd)
+    local _, n = out:gsub("step 3: the gradient norm is NaN", "")
+    assert.are.equal(1, n, out) -- (rank 0 prints for the job)
+    assert.truthy(out:find("1 step skipped (NaN/inf gradients)", 1, true), out)
+    assert.are.same({ 2, 4, 5 }, F.checkpoints(dump))
+  end)
+
   -- In this process: the weights and AdamW's moments after the skipped step
   -- are those before it, bit for bit, whether the update ran on the host or
   -- through the device path (the kernels skip it: forced on the CPU, whose
