@@ -663,9 +663,11 @@ tt_status tt_fs_append(const char *path, const void *data, size_t n) {
     if (w <= 0) {
       int e = w < 0 ? errno : ENOSPC;
       /* (a line half written would be a torn record: cut back to the last whole one) */
-      if (before >= 0 && ftruncate(fd, before) != 0) {
-      }
-      st = tt_error_set(TT_ERR_IO, "cannot write %s: %s", path, strerror(e));
+      if (before >= 0 && ftruncate(fd, before) != 0)
+        st = tt_error_set(TT_ERR_IO, "cannot write %s: %s (and cannot cut its partial record off: %s)", path,
+                          strerror(e), strerror(errno));
+      else
+        st = tt_error_set(TT_ERR_IO, "cannot write %s: %s", path, strerror(e));
       break;
     }
     p += w;
