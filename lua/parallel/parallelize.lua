@@ -37,6 +37,8 @@ local M = {}
 -- The layout of cfg on world ranks as rank sees it, worked out offline (no
 -- memory, no communication): the REPL's and the estimates'.
 function M.layout(cfg, world, rank) return require("parallel.placements").job(cfg, world, rank) end
+-- The job's degrees (ParallelDims) for a world of `world` ranks, with no process group.
+function M.dims(cfg, world) return require("parallel.dims").new(cfg, world) end
 
 local Par = {}
 Par.__index = Par

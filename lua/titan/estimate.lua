@@ -183,9 +183,13 @@ function M.role(cfg, world, rank, opts)
   return res
 end
 
+-- The job's degrees, through its model family's parallel layer (lua/titan
+-- requires nothing from lua/parallel itself).
+local function dims_of(cfg, world) return require("models." .. cfg.model.name).parallel().dims(cfg, world) end
+
 -- The ranks that stand for every role: one per pipeline stage (its first rank).
 function M.roles(cfg, world)
-  local pd = require("parallel.dims").new(cfg, world)
+  local pd = dims_of(cfg, world)
   local out = {}
   for s = 0, pd.pp - 1 do out[#out + 1] = s * (world / pd.pp) end
   return out
@@ -242,7 +246,7 @@ function M.what_fits(cfg, world, rank, d)
   if t.local_batch_size >= 2 and t.local_batch_size % 2 == 0 then
     cands[#cands + 1] = { ("--training.local_batch_size=%d"):format(t.local_batch_size / 2) }
   end
-  local pd = require("parallel.dims").new(cfg, world)
+  local pd = dims_of(cfg, world)
   if pd.dp_replicate > 1 then
     cands[#cands + 1] = { "--parallelism.dp_replicate=1", ("--parallelism.dp_shard=%d"):format(pd.dp_shard * pd.dp_replicate) }
   end

@@ -603,7 +603,6 @@ function Trainer:device_norm(step, read, loss)
   if new > 0 then
     local from = (self.norm_read_step or 0) + 1
     self.device_skips = count
-    self.norm_read_step = step
     -- (one new skip and this step's norm bad: it is this step)
     self:nonfinite_grad(new == 1 and (norm ~= norm or math.abs(norm) == math.huge) and step or from, step, new, norm,
       loss)
